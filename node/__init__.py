@@ -1,0 +1,1 @@
+"""The Raft server of one cluster member (``flotilla.node``)."""

@@ -1,0 +1,56 @@
+"""The consensus core: Raft as a deterministic object with no I/O (``flotilla.node.consensus``).
+
+Public surface: `RaftCore` and its `Settings`, the data types in `types`, and the errors a
+proposal can meet. Nothing in this package may import asyncio, sockets, files or any I/O
+library; tests/consensus/test_layering.py enforces it.
+"""
+
+from .core import (
+    InvalidMembership,
+    MembershipChangeInProgress,
+    NotLeader,
+    ProposalError,
+    RaftCore,
+    Settings,
+    TransferInProgress,
+)
+from .types import (
+    EMPTY_MEMBERSHIP,
+    Entry,
+    EntryKind,
+    HardState,
+    Membership,
+    Message,
+    MessageType,
+    Ready,
+    ReadState,
+    RecoveredState,
+    Role,
+    Snapshot,
+    SnapshotMeta,
+    SoftState,
+)
+
+__all__ = [
+    "EMPTY_MEMBERSHIP",
+    "Entry",
+    "EntryKind",
+    "HardState",
+    "InvalidMembership",
+    "Membership",
+    "MembershipChangeInProgress",
+    "Message",
+    "MessageType",
+    "NotLeader",
+    "ProposalError",
+    "RaftCore",
+    "ReadState",
+    "Ready",
+    "RecoveredState",
+    "Role",
+    "Settings",
+    "Snapshot",
+    "SnapshotMeta",
+    "SoftState",
+    "TransferInProgress",
+]

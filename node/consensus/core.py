@@ -1,0 +1,790 @@
+"""The Raft consensus core: a deterministic object with no I/O.
+
+Inputs are method calls (`tick`, `step`, `propose`, `change_membership`, `read_index`,
+`transfer_leadership`, `compact`, `report_snapshot`); outputs accumulate until the caller takes
+them as one `Ready` batch, carries it out in the order `Ready` documents, and calls `advance`.
+Time is the number of `tick()` calls; randomness is the `random.Random` in `Settings`.
+
+What it implements, with the section of Ongaro's dissertation (or the Raft paper) it follows:
+elections with randomized timeouts (3.4), PreVote and CheckQuorum (9.6), log replication with
+fast conflict backtracking (3.5), the commitment rule (3.6.2), learners (4.2.1), joint consensus
+(4.3, with the newest membership in the log in force), leadership transfer (3.10), ReadIndex
+(6.4), snapshot installation and compaction (5), and a no-op entry on election (6.4).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import quorum
+from .progress import Progress, ProgressState
+from .raftlog import RaftLog
+from .types import (
+    Entry,
+    EntryKind,
+    HardState,
+    Membership,
+    Message,
+    MessageType,
+    Ready,
+    ReadState,
+    RecoveredState,
+    Role,
+    Snapshot,
+    SnapshotMeta,
+    SoftState,
+)
+
+MT = MessageType
+
+
+class ProposalError(Exception):
+    """A request the core cannot take now; the message says why and what to do."""
+
+
+class NotLeader(ProposalError):
+    def __init__(self, leader: str | None) -> None:
+        self.leader = leader
+        hint = f"the leader is {leader}" if leader else "no leader is known yet; retry shortly"
+        super().__init__(f"this member is not the leader: {hint}")
+
+
+class TransferInProgress(ProposalError):
+    def __init__(self, target: str) -> None:
+        self.target = target
+        super().__init__(f"leadership is being transferred to {target}; retry shortly")
+
+
+class MembershipChangeInProgress(ProposalError):
+    def __init__(self, index: int) -> None:
+        self.index = index
+        super().__init__(
+            f"a membership change (log index {index}) has not finished yet; "
+            "wait until it is committed and not joint, then retry"
+        )
+
+
+class InvalidMembership(ProposalError, ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Tunables of one member. Ticks are the caller's unit of time (the node uses one tick per
+    `--heartbeat-ms`)."""
+
+    rng: random.Random = field(default_factory=lambda: random.Random(0))
+    election_ticks: int = 10  # election timeout; each member picks [n, 2n) at random
+    heartbeat_ticks: int = 1
+    max_inflight: int = 256  # unacknowledged appends per follower (flow control)
+    max_entries_per_message: int = 4096
+    max_bytes_per_message: int = 1 << 20
+    max_apply_batch: int = 8192  # committed entries handed out per Ready
+    pre_vote: bool = True
+    check_quorum: bool = True
+
+
+@dataclass(slots=True)
+class _PendingRead:
+    context: Any
+    index: int
+    round: int
+    requester: str
+
+
+class RaftCore:
+    def __init__(self, name: str, settings: Settings, recovered: RecoveredState) -> None:
+        self.name = name
+        self.settings = settings
+        self.rng = settings.rng
+        self.log = RaftLog(recovered.snapshot, recovered.entries)
+        self.term = recovered.hard_state.term
+        self.vote = recovered.hard_state.vote
+        self.role = Role.FOLLOWER
+        self.leader: str | None = None
+        self.progress: dict[str, Progress] = {}
+        self.votes: dict[str, bool] = {}
+        self.election_elapsed = 0
+        self.heartbeat_elapsed = 0
+        self.randomized_timeout = 0
+        self.transfer_target: str | None = None
+        self._reads: list[_PendingRead] = []  # leader: confirmed by a heartbeat round
+        self._reads_waiting: list[tuple[Any, str]] = []  # leader: until its no-op commits
+        self._read_round = 0
+        self._read_round_wanted = False
+        self._broadcast_wanted = False
+        self._msgs: list[Message] = []
+        self._persisted_msgs: list[Message] = []
+        self._read_states: list[ReadState] = []
+        self._failed_reads: list[Any] = []
+        self._last_hard_state = recovered.hard_state
+        self._last_soft_state = SoftState(None, Role.FOLLOWER, self.term)
+        self._awaiting_advance: Ready | None = None
+        self._reset_election_timer()
+
+    # === public inputs =======================================================================
+
+    @property
+    def membership(self) -> Membership:
+        return self.log.membership()
+
+    def tick(self) -> None:
+        if self.role is Role.LEADER:
+            self._tick_leader()
+            return
+        self.election_elapsed += 1
+        if self.election_elapsed >= self.randomized_timeout and self._promotable():
+            self.election_elapsed = 0
+            self._campaign(pre=self.settings.pre_vote, force=False)
+
+    def campaign(self) -> None:
+        """Start an election now (tests and operator tooling; normally ticks do this)."""
+        if self._promotable() and self.role is not Role.LEADER:
+            self._campaign(pre=self.settings.pre_vote, force=False)
+
+    def propose(self, data: bytes) -> int:
+        """Append a client command; returns its log index. It is committed once it shows up in
+        `committed_entries` (at that index, with this term)."""
+        self._check_can_propose()
+        index = self.log.last_index() + 1
+        self.log.append([Entry(index, self.term, EntryKind.NORMAL, data)])
+        self._broadcast_wanted = True
+        return index
+
+    def propose_many(self, commands: list[bytes]) -> int:
+        """Append several commands at once; returns the index of the first."""
+        self._check_can_propose()
+        first = self.log.last_index() + 1
+        term = self.term
+        normal = EntryKind.NORMAL
+        self.log.append([Entry(first + i, term, normal, d) for i, d in enumerate(commands)])
+        self._broadcast_wanted = True
+        return first
+
+    def change_membership(
+        self, voters: set[str] | frozenset[str], learners: set[str] | frozenset[str] = frozenset()
+    ) -> int:
+        """Propose the configuration with exactly these voters and learners.
+
+        A change of voters goes through joint consensus: first C_old,new, and once that commits
+        the leader appends C_new by itself. A change of learners only is a single step. At most
+        one change is in flight: the previous one must be committed and not joint.
+        """
+        self._check_can_propose()
+        voters, learners = frozenset(voters), frozenset(learners) - frozenset(voters)
+        if not voters:
+            raise InvalidMembership("a configuration needs at least one voter")
+        current = self.membership
+        pending = self.log.membership_index()
+        if current.joint or pending > self.log.committed:
+            raise MembershipChangeInProgress(pending)
+        if voters == current.voters and learners == current.learners:
+            raise InvalidMembership("the configuration is already exactly that")
+        if voters == current.voters:
+            target = Membership(voters=voters, learners=learners)
+        else:
+            target = Membership(voters=voters, learners=learners, outgoing=current.voters)
+        return self._append_membership(target)
+
+    def read_index(self, context: Any) -> None:
+        """Ask for a linearizable read. A `ReadState(context, index)` comes out in a later
+        Ready: once the state machine has applied `index`, answering from it is linearizable.
+        If this member cannot get one (no leader, lost leadership), `context` comes out in
+        `Ready.failed_reads` instead, and the caller should retry."""
+        if self.role is Role.LEADER:
+            self._leader_read(context, self.name)
+        elif self.leader is not None:
+            self._send(
+                Message(MT.READ_INDEX, to=self.leader, frm=self.name, term=self.term,
+                        context=context)
+            )
+        else:
+            self._failed_reads.append(context)
+
+    def transfer_leadership(self, target: str) -> None:
+        """Hand leadership to `target` (a voter): bring it up to date, then tell it to campaign
+        at once. Proposals are refused meanwhile; the attempt is abandoned after an election
+        timeout."""
+        if self.role is not Role.LEADER:
+            raise NotLeader(self.leader)
+        if target == self.name:
+            return
+        if not self.membership.can_vote(target) or target not in self.progress:
+            raise InvalidMembership(f"{target} is not a voter and cannot become the leader")
+        if self.transfer_target == target:
+            return
+        self.transfer_target = target
+        self.election_elapsed = 0
+        pr = self.progress[target]
+        if pr.match == self.log.last_index():
+            self._send_timeout_now(target)
+        else:
+            self._send_append(target)
+
+    def compact(self, index: int, keep_entries: int = 0) -> SnapshotMeta:
+        """The caller has made a snapshot of the state machine at `index` (<= applied) durable.
+        Returns its metadata; entries up to `index - keep_entries` are forgotten, and followers
+        that need them are sent this snapshot instead."""
+        term = self.log.term(index)
+        if term is None:
+            raise ValueError(f"cannot snapshot at {index}: that entry is not in the log")
+        meta = SnapshotMeta(index=index, term=term, membership=self.log.membership_at(index))
+        self.log.compact(meta, keep_from=index - keep_entries + 1)
+        return meta
+
+    def report_snapshot(self, peer: str, ok: bool) -> None:
+        """The runtime finished (or gave up) sending a snapshot to `peer`."""
+        pr = self.progress.get(peer)
+        if self.role is not Role.LEADER or pr is None or pr.state is not ProgressState.SNAPSHOT:
+            return
+        if not ok:
+            pr.pending_snapshot = 0
+        pr.become_probe()
+        pr.probe_sent = True  # wait for the follower's answer or the next heartbeat
+
+    def report_unreachable(self, peer: str) -> None:
+        """Sending to `peer` failed: stop pipelining to it until it answers again."""
+        pr = self.progress.get(peer)
+        if self.role is Role.LEADER and pr is not None and pr.state is ProgressState.REPLICATE:
+            pr.become_probe()
+
+    # === stepping messages ===================================================================
+
+    def step(self, m: Message) -> None:
+        if m.term > self.term:
+            if m.type in (MT.VOTE, MT.PREVOTE) and not m.force and self._in_lease():
+                # CheckQuorum lease: we heard from a leader within the election timeout, so a
+                # candidate (perhaps a removed or partitioned member) must not disrupt it.
+                return
+            if m.type is MT.PREVOTE or (m.type is MT.PREVOTE_RESP and not m.reject):
+                pass  # a PreVote never changes anybody's term
+            elif m.type in (MT.APPEND, MT.HEARTBEAT, MT.SNAPSHOT):
+                self._become_follower(m.term, m.frm)
+            else:
+                self._become_follower(m.term, None)
+        elif m.term < self.term:
+            if m.type in (MT.APPEND, MT.HEARTBEAT):
+                # A leader of an older term (it was cut off): tell it our term so it steps down.
+                self._send(Message(MT.APPEND_RESP, to=m.frm, frm=self.name, term=self.term))
+            elif m.type is MT.PREVOTE:
+                self._send(Message(MT.PREVOTE_RESP, to=m.frm, frm=self.name, term=self.term,
+                                   reject=True))
+            return
+
+        handler = self._HANDLERS.get(m.type)
+        if handler is not None:
+            handler(self, m)
+
+    def _on_vote(self, m: Message) -> None:
+        pre = m.type is MT.PREVOTE
+        can_vote = (
+            self.vote == m.frm
+            or (self.vote is None and self.leader is None)
+            or (pre and m.term > self.term)
+        )
+        resp_type = MT.PREVOTE_RESP if pre else MT.VOTE_RESP
+        if can_vote and self.log.is_up_to_date(m.index, m.log_term):
+            self._send(Message(resp_type, to=m.frm, frm=self.name, term=m.term))
+            if not pre:
+                self.vote = m.frm
+                self.election_elapsed = 0
+        else:
+            self._send(Message(resp_type, to=m.frm, frm=self.name, term=self.term, reject=True))
+
+    def _on_vote_resp(self, m: Message) -> None:
+        if m.type is MT.PREVOTE_RESP and self.role is not Role.PRE_CANDIDATE:
+            return
+        if m.type is MT.VOTE_RESP and self.role is not Role.CANDIDATE:
+            return
+        self.votes.setdefault(m.frm, not m.reject)
+        result = quorum.vote_result(self.membership, self.votes)
+        if result is quorum.VoteResult.WON:
+            if self.role is Role.PRE_CANDIDATE:
+                self._campaign(pre=False, force=False)
+            else:
+                self._become_leader()
+        elif result is quorum.VoteResult.LOST:
+            self._become_follower(self.term, None)
+
+    def _on_append(self, m: Message) -> None:
+        if self.role is Role.LEADER:
+            return  # impossible by election safety; ignored rather than trusted
+        self._follow(m.frm)
+        log = self.log
+        if m.index < log.committed:
+            self._send(Message(MT.APPEND_RESP, to=m.frm, frm=self.name, term=self.term,
+                               index=log.committed))
+            return
+        last_new = log.maybe_append(m.index, m.log_term, m.commit, m.entries)
+        if last_new is not None:
+            self._send(Message(MT.APPEND_RESP, to=m.frm, frm=self.name, term=self.term,
+                               index=last_new))
+            return
+        hint_index, hint_term = log.conflict_hint(m.index, m.log_term)
+        self._send(Message(MT.APPEND_RESP, to=m.frm, frm=self.name, term=self.term,
+                           index=m.index, reject=True, hint_index=hint_index,
+                           hint_term=hint_term))
+
+    def _on_heartbeat(self, m: Message) -> None:
+        if self.role is Role.LEADER:
+            return
+        self._follow(m.frm)
+        # The leader sends min(our match, its commit), so this never commits an entry we hold
+        # but the leader does not.
+        self.log.commit_to(min(m.commit, self.log.last_index()))
+        self._send(Message(MT.HEARTBEAT_RESP, to=m.frm, frm=self.name, term=self.term,
+                           context=m.context))
+
+    def _on_snapshot(self, m: Message) -> None:
+        if self.role is Role.LEADER or m.snapshot is None:
+            return
+        self._follow(m.frm)
+        meta = m.snapshot.meta
+        log = self.log
+        if meta.index <= log.committed:
+            index = log.committed
+        elif log.match_term(meta.index, meta.term):
+            log.commit_to(meta.index)  # we already hold it: just move the commit forward
+            index = meta.index
+        else:
+            log.restore(m.snapshot)
+            index = meta.index
+        self._send(Message(MT.APPEND_RESP, to=m.frm, frm=self.name, term=self.term, index=index))
+
+    def _on_timeout_now(self, m: Message) -> None:
+        if self._promotable():
+            self._campaign(pre=False, force=True)
+
+    def _on_read_index(self, m: Message) -> None:
+        if self.role is Role.LEADER:
+            self._leader_read(m.context, m.frm)
+        else:
+            self._send(Message(MT.READ_INDEX_RESP, to=m.frm, frm=self.name, term=self.term,
+                               context=m.context, reject=True))
+
+    def _on_read_index_resp(self, m: Message) -> None:
+        if m.reject:
+            self._failed_reads.append(m.context)
+        else:
+            self._read_states.append(ReadState(m.context, m.index))
+
+    def _on_append_resp(self, m: Message) -> None:
+        pr = self.progress.get(m.frm)
+        if self.role is not Role.LEADER or pr is None:
+            return
+        pr.recent_active = True
+        if m.reject:
+            hint = m.hint_index
+            if m.hint_term > 0:
+                hint, _ = self.log.conflict_hint(m.hint_index, m.hint_term)
+            if pr.maybe_decrease(m.index, hint):
+                if pr.state is ProgressState.REPLICATE:
+                    pr.become_probe()
+                self._send_append(m.frm)
+            return
+        if not pr.maybe_update(m.index):
+            return
+        if pr.state is ProgressState.PROBE:
+            pr.become_replicate()
+        elif pr.state is ProgressState.SNAPSHOT and pr.match >= pr.pending_snapshot:
+            pr.become_probe()
+            pr.become_replicate()
+        if self._maybe_commit():
+            self._broadcast_wanted = True
+        elif pr.match < self.log.last_index():
+            self._send_append(m.frm)
+        if m.frm == self.transfer_target and pr.match == self.log.last_index():
+            self._send_timeout_now(m.frm)
+
+    def _on_heartbeat_resp(self, m: Message) -> None:
+        pr = self.progress.get(m.frm)
+        if self.role is not Role.LEADER or pr is None:
+            return
+        pr.recent_active = True
+        pr.probe_sent = False
+        if pr.state is ProgressState.REPLICATE and len(pr.inflight) >= pr.max_inflight:
+            # The follower is alive but the window is full: appends were probably lost. Free a
+            # slot so the next append either lands or is rejected and sends us back to probing.
+            pr.inflight.popleft()
+        if isinstance(m.context, int) and m.context > pr.read_ack:
+            pr.read_ack = m.context
+            self._release_reads()
+        if pr.match < self.log.last_index():
+            self._send_append(m.frm)
+
+    _HANDLERS = {
+        MT.VOTE: _on_vote,
+        MT.PREVOTE: _on_vote,
+        MT.VOTE_RESP: _on_vote_resp,
+        MT.PREVOTE_RESP: _on_vote_resp,
+        MT.APPEND: _on_append,
+        MT.APPEND_RESP: _on_append_resp,
+        MT.HEARTBEAT: _on_heartbeat,
+        MT.HEARTBEAT_RESP: _on_heartbeat_resp,
+        MT.SNAPSHOT: _on_snapshot,
+        MT.TIMEOUT_NOW: _on_timeout_now,
+        MT.READ_INDEX: _on_read_index,
+        MT.READ_INDEX_RESP: _on_read_index_resp,
+    }
+
+    # === output ==============================================================================
+
+    def has_ready(self) -> bool:
+        log = self.log
+        return bool(
+            self._msgs
+            or self._persisted_msgs
+            or self._read_states
+            or self._failed_reads
+            or self._broadcast_wanted
+            or self._read_round_wanted
+            or log.pending_snapshot is not None
+            or log.unsent <= log.last_index()
+            or log.handed < log.committed
+            or HardState(self.term, self.vote) != self._last_hard_state
+            or self._soft_state() != self._last_soft_state
+        )
+
+    def ready(self) -> Ready:
+        """Take the accumulated outputs. `advance(ready)` must follow before the next call."""
+        if self._awaiting_advance is not None:
+            raise RuntimeError("ready() called again before advance() of the previous batch")
+        if self._broadcast_wanted:
+            self._broadcast_wanted = False
+            self._broadcast_append()
+        if self._read_round_wanted:
+            self._read_round_wanted = False
+            self._read_round += 1
+            self._broadcast_heartbeat()
+        log = self.log
+        hard = HardState(self.term, self.vote)
+        soft = self._soft_state()
+        rd = Ready(
+            hard_state=hard if hard != self._last_hard_state else None,
+            snapshot=log.pending_snapshot,
+            entries=log.unsent_entries(),
+            messages=tuple(self._msgs),
+            persisted_messages=tuple(self._persisted_msgs),
+            committed_entries=log.committed_to_hand(self.settings.max_apply_batch),
+            read_states=tuple(self._read_states),
+            failed_reads=tuple(self._failed_reads),
+            soft_state=soft if soft != self._last_soft_state else None,
+        )
+        log.pending_snapshot = None
+        self._msgs = []
+        self._persisted_msgs = []
+        self._read_states = []
+        self._failed_reads = []
+        self._last_hard_state = hard
+        self._last_soft_state = soft
+        self._awaiting_advance = rd
+        return rd
+
+    def advance(self, rd: Ready) -> None:
+        """The caller has carried out `rd`: persisted it and applied its committed entries."""
+        if rd is not self._awaiting_advance:
+            raise RuntimeError("advance() must be given the batch the last ready() returned")
+        self._awaiting_advance = None
+        log = self.log
+        if rd.entries:
+            last = rd.entries[-1]
+            log.stable_to(last.index, last.term)
+        if rd.committed_entries:
+            # max(): a snapshot installed since that batch was handed out may be newer.
+            log.applied = max(log.applied, rd.committed_entries[-1].index)
+        if self.role is Role.LEADER and rd.entries:
+            pr = self.progress.get(self.name)
+            if pr is not None and pr.maybe_update(log.stable) and self._maybe_commit():
+                self._broadcast_wanted = True
+
+    def status(self) -> dict[str, Any]:
+        """Facts for `/v1/status` and for tests."""
+        log = self.log
+        return {
+            "name": self.name,
+            "term": self.term,
+            "vote": self.vote,
+            "role": self.role.label,
+            "leader": self.leader,
+            "commit_index": log.committed,
+            "applied_index": log.applied,
+            "first_index": log.first_index(),
+            "last_index": log.last_index(),
+            "snapshot": {"index": log.snapshot.index, "term": log.snapshot.term},
+            "membership": self.membership,
+            "progress": {
+                name: {"match": pr.match, "next": pr.next, "state": pr.state.name.lower()}
+                for name, pr in self.progress.items()
+            },
+        }
+
+    # === roles ===============================================================================
+
+    def _become_follower(self, term: int, leader: str | None) -> None:
+        if self.role is Role.LEADER:
+            self._fail_pending_reads()
+        if term > self.term:
+            self.term = term
+            self.vote = None
+        self.role = Role.FOLLOWER
+        self.leader = leader
+        self.votes = {}
+        self.progress = {}
+        self.transfer_target = None
+        self.election_elapsed = 0
+        self._broadcast_wanted = False
+        self._read_round_wanted = False
+        self._reset_election_timer()
+
+    def _follow(self, leader: str) -> None:
+        if self.role is not Role.FOLLOWER:
+            self._become_follower(self.term, leader)
+        self.leader = leader
+        self.election_elapsed = 0
+
+    def _campaign(self, pre: bool, force: bool) -> None:
+        if pre:
+            self.role = Role.PRE_CANDIDATE
+            term = self.term + 1
+            kind = MT.PREVOTE
+        else:
+            self.term += 1
+            self.vote = self.name
+            self.role = Role.CANDIDATE
+            term = self.term
+            kind = MT.VOTE
+        self.leader = None
+        self.votes = {self.name: True}
+        self._reset_election_timer()
+        result = quorum.vote_result(self.membership, self.votes)
+        if result is quorum.VoteResult.WON:
+            if pre:
+                self._campaign(pre=False, force=force)
+            else:
+                self._become_leader()
+            return
+        m = self.membership
+        last_index, last_term = self.log.last_index(), self.log.last_term()
+        for peer in sorted(m.voters | (m.outgoing or frozenset())):
+            if peer != self.name:
+                self._send(Message(kind, to=peer, frm=self.name, term=term, index=last_index,
+                                   log_term=last_term, force=force))
+
+    def _become_leader(self) -> None:
+        self.role = Role.LEADER
+        self.leader = self.name
+        self.votes = {}
+        self.transfer_target = None
+        self.election_elapsed = 0
+        self.heartbeat_elapsed = 0
+        self.progress = {}
+        self._reset_progress()
+        # The no-op lets this leader commit entries of earlier terms (which it may not count)
+        # and tells it which commit index is safe for reads.
+        index = self.log.last_index() + 1
+        self.log.append([Entry(index, self.term, EntryKind.NOOP)])
+        self._broadcast_wanted = True
+
+    def _reset_progress(self) -> None:
+        next_index = self.log.last_index() + 1
+        old = self.progress
+        self.progress = {}
+        for name in sorted(self.membership.members() | {self.name}):
+            pr = old.get(name) if self.role is Role.LEADER else None
+            if pr is None:
+                pr = Progress(next_index, self.settings.max_inflight)
+                if name == self.name:
+                    pr.match = self.log.stable
+                    pr.next = self.log.last_index() + 1
+                    pr.state = ProgressState.REPLICATE
+                pr.recent_active = True
+            self.progress[name] = pr
+
+    def _promotable(self) -> bool:
+        return self.membership.can_vote(self.name) and self.log.pending_snapshot is None
+
+    def _in_lease(self) -> bool:
+        return (
+            self.settings.check_quorum
+            and self.leader is not None
+            and self.election_elapsed < self.settings.election_ticks
+        )
+
+    def _reset_election_timer(self) -> None:
+        n = self.settings.election_ticks
+        self.randomized_timeout = self.rng.randint(n, 2 * n - 1)
+
+    def _tick_leader(self) -> None:
+        self.heartbeat_elapsed += 1
+        self.election_elapsed += 1
+        if self.election_elapsed >= self.settings.election_ticks:
+            self.election_elapsed = 0
+            if self.settings.check_quorum:
+                active = {n for n, pr in self.progress.items() if pr.recent_active}
+                active.add(self.name)
+                if not quorum.has_quorum(self.membership, active):
+                    self._become_follower(self.term, None)
+                    return
+                for name, pr in self.progress.items():
+                    if name != self.name:
+                        pr.recent_active = False
+            self.transfer_target = None  # a transfer that has not finished by now is abandoned
+        if self.heartbeat_elapsed >= self.settings.heartbeat_ticks:
+            self.heartbeat_elapsed = 0
+            self._broadcast_heartbeat()
+
+    # === replication (leader) ================================================================
+
+    def _check_can_propose(self) -> None:
+        if self.role is not Role.LEADER:
+            raise NotLeader(self.leader)
+        if self.transfer_target is not None:
+            raise TransferInProgress(self.transfer_target)
+
+    def _append_membership(self, target: Membership) -> int:
+        index = self.log.last_index() + 1
+        self.log.append([Entry(index, self.term, EntryKind.MEMBERSHIP, target.encode())])
+        self._reset_progress()
+        self._broadcast_wanted = True
+        return index
+
+    def _maybe_commit(self) -> bool:
+        """Advance the commit index to what a quorum holds, counting only entries of this term
+        (Raft paper 5.4.2: an old-term entry is committed only indirectly)."""
+        log = self.log
+        progress = self.progress
+        index = quorum.committed_index(
+            self.membership, lambda n: progress[n].match if n in progress else 0
+        )
+        if index <= log.committed or log.term(index) != self.term:
+            return False
+        log.commit_to(index)
+        self._after_commit()
+        return True
+
+    def _after_commit(self) -> None:
+        log = self.log
+        if log.committed >= log.membership_index():
+            current = self.membership
+            if current.joint:
+                # C_old,new is committed: move on to C_new (dissertation 4.3).
+                self._append_membership(Membership(voters=current.voters,
+                                                   learners=current.learners))
+            elif not current.can_vote(self.name):
+                # C_new is committed and does not include this leader: hand over and step down.
+                self._broadcast_append()
+                best = max(
+                    (n for n in current.voters if n in self.progress),
+                    key=lambda n: (self.progress[n].match, n),
+                    default=None,
+                )
+                if best is not None and self.progress[best].match == log.last_index():
+                    self._send_timeout_now(best)
+                self._become_follower(self.term, None)
+                return
+        if self._reads_waiting and log.term(log.committed) == self.term:
+            waiting, self._reads_waiting = self._reads_waiting, []
+            for context, requester in waiting:
+                self._leader_read(context, requester)
+
+    def _broadcast_append(self) -> None:
+        for name in self.progress:
+            if name != self.name:
+                self._send_append(name)
+
+    def _broadcast_heartbeat(self) -> None:
+        commit = self.log.committed
+        for name, pr in self.progress.items():
+            if name != self.name:
+                self._send(Message(MT.HEARTBEAT, to=name, frm=self.name, term=self.term,
+                                   commit=min(pr.match, commit), context=self._read_round))
+
+    def _send_append(self, to: str) -> None:
+        pr = self.progress[to]
+        if pr.is_paused():
+            return
+        log = self.log
+        prev_index = pr.next - 1
+        prev_term = log.term(prev_index)
+        if prev_term is None:
+            self._send_snapshot(to, pr)
+            return
+        entries: list[Entry] = []
+        if pr.next <= log.last_index():
+            entries = log.slice(pr.next, self.settings.max_entries_per_message,
+                                self.settings.max_bytes_per_message)
+        self._send(Message(MT.APPEND, to=to, frm=self.name, term=self.term, index=prev_index,
+                           log_term=prev_term, entries=entries, commit=log.committed))
+        pr.sent(entries[-1].index if entries else prev_index)
+
+    def _send_snapshot(self, to: str, pr: Progress) -> None:
+        meta = self.log.snapshot
+        self._send(Message(MT.SNAPSHOT, to=to, frm=self.name, term=self.term,
+                           snapshot=Snapshot(meta)))
+        pr.become_snapshot(meta.index)
+
+    def _send_timeout_now(self, to: str) -> None:
+        self._send(Message(MT.TIMEOUT_NOW, to=to, frm=self.name, term=self.term))
+
+    # === reads (leader) ======================================================================
+
+    def _leader_read(self, context: Any, requester: str) -> None:
+        log = self.log
+        if log.term(log.committed) != self.term:
+            self._reads_waiting.append((context, requester))  # until this term's no-op commits
+            return
+        m = self.membership
+        if m.voters == {self.name} and not m.joint:
+            self._deliver_read(context, log.committed, requester)
+            return
+        self._reads.append(_PendingRead(context, log.committed, self._read_round + 1, requester))
+        self._read_round_wanted = True
+
+    def _release_reads(self) -> None:
+        progress = self.progress
+        me = self.name
+        confirmed = quorum.committed_index(
+            self.membership,
+            lambda n: (1 << 62) if n == me else (progress[n].read_ack if n in progress else 0),
+        )
+        reads = self._reads
+        done = 0
+        while done < len(reads) and reads[done].round <= confirmed:
+            r = reads[done]
+            self._deliver_read(r.context, r.index, r.requester)
+            done += 1
+        if done:
+            del reads[:done]
+
+    def _deliver_read(self, context: Any, index: int, requester: str) -> None:
+        if requester == self.name:
+            self._read_states.append(ReadState(context, index))
+        else:
+            self._send(Message(MT.READ_INDEX_RESP, to=requester, frm=self.name, term=self.term,
+                               context=context, index=index))
+
+    def _fail_pending_reads(self) -> None:
+        pending = [(r.context, r.requester) for r in self._reads] + self._reads_waiting
+        self._reads = []
+        self._reads_waiting = []
+        for context, requester in pending:
+            if requester == self.name:
+                self._failed_reads.append(context)
+            else:
+                self._send(Message(MT.READ_INDEX_RESP, to=requester, frm=self.name,
+                                   term=self.term, context=context, reject=True))
+
+    # === plumbing ============================================================================
+
+    def _send(self, m: Message) -> None:
+        # A leader's messages never rest on its own disk; everyone else's may (a vote, an
+        # acknowledgement), so they wait for the batch to be durable.
+        if self.role is Role.LEADER:
+            self._msgs.append(m)
+        else:
+            self._persisted_msgs.append(m)
+
+    def _soft_state(self) -> SoftState:
+        return SoftState(self.leader, self.role, self.term)

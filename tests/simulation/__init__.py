@@ -1,0 +1,1 @@
+"""Deterministic simulation of Raft clusters around the pure consensus core."""

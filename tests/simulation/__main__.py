@@ -1,0 +1,5 @@
+import sys
+
+from .schedules import main
+
+sys.exit(main())

@@ -1,0 +1,615 @@
+"""A deterministic discrete-event simulation of a Flotilla cluster around the pure Raft core.
+
+Everything random comes from one `random.Random(seed)`, so a run is replayed exactly from its
+seed. The simulation plays every role the real runtime plays (persisting, sending, applying,
+snapshotting) and adds an adversarial world: a network that loses, duplicates, delays and
+reorders messages and cuts links one way or both; crashes that keep exactly what was made
+durable; restarts; membership changes; leadership transfers; clients that write and read.
+
+`SafetyChecker` checks the Raft safety properties after every event; a violation raises
+`SafetyViolation` with the seed and the recent trace.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import random
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from flotilla.node.consensus import (
+    EMPTY_MEMBERSHIP,
+    Entry,
+    EntryKind,
+    HardState,
+    Membership,
+    Message,
+    MessageType,
+    ProposalError,
+    RaftCore,
+    Ready,
+    RecoveredState,
+    Role,
+    Settings,
+    Snapshot,
+    SnapshotMeta,
+)
+
+TICK = 10  # time units per tick; messages take a few units, so many can cross within a tick
+
+
+class SafetyViolation(AssertionError):
+    pass
+
+
+# --- the state machine the simulated members run ------------------------------------------
+
+
+def encode_write(client: int, seq: int, key: str, value: str) -> bytes:
+    return f"{client}:{seq}:{key}={value}".encode()
+
+
+def decode_write(data: bytes) -> tuple[int, int, str, str]:
+    client, seq, rest = data.decode().split(":", 2)
+    key, value = rest.split("=", 1)
+    return int(client), int(seq), key, value
+
+
+@dataclass
+class KVState:
+    """A tiny key-value machine: enough to check that reads see the right values."""
+
+    applied: int = 0
+    data: dict[str, tuple[str, int]] = field(default_factory=dict)
+
+    def apply(self, entry: Entry) -> None:
+        if entry.index != self.applied + 1:
+            raise SafetyViolation(f"applied {entry.index} after {self.applied}: not in order")
+        self.applied = entry.index
+        if entry.kind == EntryKind.NORMAL:
+            _, _, key, value = decode_write(entry.data)
+            self.data[key] = (value, entry.index)
+
+    def copy(self) -> KVState:
+        return KVState(self.applied, dict(self.data))
+
+
+# --- one simulated member --------------------------------------------------------------------
+
+
+@dataclass
+class Disk:
+    """What survives a crash: only what a Ready was carried out for."""
+
+    hard_state: HardState = field(default_factory=HardState)
+    snapshot: SnapshotMeta = field(default_factory=lambda: SnapshotMeta(0, 0, EMPTY_MEMBERSHIP))
+    snapshot_data: KVState = field(default_factory=KVState)
+    entries: list[Entry] = field(default_factory=list)  # contiguous after snapshot.index
+
+    def holds(self, index: int, term: int) -> bool:
+        if index <= self.snapshot.index:
+            return True  # covered by a durable snapshot (taken of committed state)
+        pos = index - self.snapshot.index - 1
+        return pos < len(self.entries) and self.entries[pos].term == term
+
+    def append(self, entries: tuple[Entry, ...]) -> None:
+        first = entries[0].index
+        base = self.snapshot.index
+        if first <= base:
+            raise SafetyViolation(f"persisting entry {first} at or below snapshot {base}")
+        if first > base + len(self.entries) + 1:
+            raise SafetyViolation(f"persisting entry {first} leaves a gap on disk")
+        del self.entries[first - base - 1 :]
+        self.entries.extend(entries)
+
+    def install(self, meta: SnapshotMeta, data: KVState) -> None:
+        pos = meta.index - self.snapshot.index - 1
+        if 0 <= pos < len(self.entries) and self.entries[pos].term == meta.term:
+            self.entries = self.entries[pos + 1 :]
+        elif meta.index > self.snapshot.index:
+            self.entries = []
+        else:
+            return
+        self.snapshot = meta
+        self.snapshot_data = data.copy()
+
+
+class SimNode:
+    def __init__(self, name: str, disk: Disk, sim: Simulation) -> None:
+        self.name = name
+        self.disk = disk
+        self.sim = sim
+        self.alive = False
+        self.incarnation = 0
+        self.core: RaftCore | None = None
+        self.sm = KVState()
+        self.persisting: Ready | None = None
+        self.ready_scheduled = False
+        self.pending_reads: dict[Any, tuple[int, int]] = {}  # ctx -> (read index, started)
+
+    def start(self) -> None:
+        self.incarnation += 1
+        self.alive = True
+        d = self.disk
+        recovered = RecoveredState(d.hard_state, d.snapshot, list(d.entries))
+        settings = Settings(
+            rng=random.Random(self.sim.rng.random()),
+            election_ticks=self.sim.election_ticks,
+            heartbeat_ticks=self.sim.heartbeat_ticks,
+            max_inflight=self.sim.rng.choice([2, 8, 64]),
+            max_entries_per_message=self.sim.rng.choice([4, 16, 256]),
+        )
+        self.core = RaftCore(self.name, settings, recovered)
+        self.sm = d.snapshot_data.copy()
+        self.persisting = None
+        self.ready_scheduled = False
+        self.pending_reads = {}
+
+    def crash(self) -> None:
+        self.alive = False
+        self.core = None
+        self.persisting = None
+
+
+# --- the world -----------------------------------------------------------------------------
+
+
+@dataclass
+class Faults:
+    loss: float = 0.0
+    duplicate: float = 0.0
+    min_delay: int = 1
+    max_delay: int = 8
+    blocked: set[tuple[str, str]] = field(default_factory=set)  # (src, dst) pairs cut
+
+    def clear(self) -> None:
+        self.loss = self.duplicate = 0.0
+        self.min_delay, self.max_delay = 1, 8
+        self.blocked = set()
+
+
+@dataclass
+class ClientWrite:
+    client: int
+    seq: int
+    key: str
+    value: str
+    data: bytes
+    node: str | None = None
+    index: int = 0
+    term: int = 0
+    deadline: int = 0
+    acked: bool = False
+
+
+class Simulation:
+    def __init__(
+        self,
+        seed: int,
+        voters: list[str],
+        election_ticks: int = 10,
+        heartbeat_ticks: int = 1,
+        trace_len: int = 200,
+    ) -> None:
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.election_ticks = election_ticks
+        self.heartbeat_ticks = heartbeat_ticks
+        self.now = 0
+        self.events: list[tuple[int, int, str, Any]] = []
+        self.seq = 0
+        self.faults = Faults()
+        self.nodes: dict[str, SimNode] = {}
+        self.trace: deque[str] = deque(maxlen=trace_len)
+        self.checker = SafetyChecker(self)
+        self.writes: list[ClientWrite] = []
+        self.write_seq = 0
+        self.read_seq = 0
+        self.reads_done = 0
+        self.reads_failed = 0
+        self.stats = {"delivered": 0, "dropped": 0, "duplicated": 0, "crashes": 0,
+                      "snapshots": 0, "installs": 0, "transfers": 0, "membership": 0}
+        initial = Membership(voters=frozenset(voters))
+        for name in voters:
+            disk = Disk(snapshot=SnapshotMeta(0, 0, initial))
+            self.add_node(name, disk)
+
+    # --- plumbing ----------------------------------------------------------------------
+
+    def schedule(self, delay: int, kind: str, payload: Any) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (self.now + delay, self.seq, kind, payload))
+
+    def log(self, text: str) -> None:
+        self.trace.append(f"t={self.now} {text}")
+
+    def add_node(self, name: str, disk: Disk) -> SimNode:
+        node = SimNode(name, disk, self)
+        self.nodes[name] = node
+        node.start()
+        self.schedule(self.rng.randrange(TICK), "tick", (name, node.incarnation))
+        return node
+
+    def alive(self) -> list[SimNode]:
+        return [n for n in self.nodes.values() if n.alive]
+
+    def leader(self) -> SimNode | None:
+        best = None
+        for n in self.alive():
+            if n.core.role is Role.LEADER and (best is None or n.core.term > best.core.term):
+                best = n
+        return best
+
+    def run_until(self, until: int) -> None:
+        while self.events and self.events[0][0] <= until:
+            at, _, kind, payload = heapq.heappop(self.events)
+            self.now = at
+            getattr(self, "_ev_" + kind)(payload)
+            self.checker.after_event()
+        self.now = until
+
+    def kick(self, node: SimNode) -> None:
+        """Something was given to the core: carry out its Ready soon."""
+        if node.alive and not node.ready_scheduled and node.persisting is None:
+            node.ready_scheduled = True
+            self.schedule(self.rng.randrange(3), "ready", (node.name, node.incarnation))
+
+    def _current(self, payload: tuple[str, int]) -> SimNode | None:
+        name, incarnation = payload
+        node = self.nodes.get(name)
+        if node is None or not node.alive or node.incarnation != incarnation:
+            return None
+        return node
+
+    # --- events --------------------------------------------------------------------------
+
+    def _ev_tick(self, payload: tuple[str, int]) -> None:
+        node = self._current(payload)
+        if node is None:
+            return
+        node.core.tick()
+        self.kick(node)
+        self.schedule(TICK, "tick", payload)
+
+    def _ev_ready(self, payload: tuple[str, int]) -> None:
+        node = self._current(payload)
+        if node is None:
+            return
+        node.ready_scheduled = False
+        core = node.core
+        if node.persisting is not None or not core.has_ready():
+            return
+        rd = core.ready()
+        self.checker.on_ready(node, rd)
+        for m in rd.messages:
+            self.send(node, m)
+        node.persisting = rd
+        # The disk write completes a little later; the core keeps taking messages meanwhile.
+        self.schedule(self.rng.randrange(4), "persisted", payload)
+
+    def _ev_persisted(self, payload: tuple[str, int]) -> None:
+        node = self._current(payload)
+        if node is None or node.persisting is None:
+            return
+        rd, node.persisting = node.persisting, None
+        disk = node.disk
+        if rd.snapshot is not None:
+            data = rd.snapshot.data
+            disk.install(rd.snapshot.meta, data)
+            node.sm = data.copy()
+            self.stats["installs"] += 1
+            self.log(f"{node.name} installed snapshot {rd.snapshot.meta.index}")
+        if rd.entries:
+            disk.append(rd.entries)
+        if rd.hard_state is not None:
+            disk.hard_state = rd.hard_state
+        for m in rd.persisted_messages:
+            self.send(node, m)
+        for entry in rd.committed_entries:
+            node.sm.apply(entry)
+            self.checker.on_apply(node, entry)
+            self.on_applied(node, entry)
+        for rs in rd.read_states:
+            if rs.context in node.pending_reads:  # a duplicated answer is ignored
+                node.pending_reads[rs.context] = (rs.index, node.pending_reads[rs.context][1])
+        for ctx in rd.failed_reads:
+            self.reads_failed += 1
+            node.pending_reads.pop(ctx, None)
+            self.checker.read_started.pop(ctx, None)
+        node.core.advance(rd)
+        self.serve_reads(node)
+        self.kick(node)
+
+    def _ev_deliver(self, m: Message) -> None:
+        node = self.nodes.get(m.to)
+        if node is None or not node.alive:
+            self._dropped(m)
+            return
+        self.stats["delivered"] += 1
+        if m.type is MessageType.SNAPSHOT:
+            self.schedule(self.rng.randrange(1, 4), "snapshot_done", (m.frm, m.to, True))
+        node.core.step(m)
+        self.kick(node)
+
+    def _ev_snapshot_done(self, payload: tuple[str, str, bool]) -> None:
+        frm, to, ok = payload
+        node = self.nodes.get(frm)
+        if node is not None and node.alive:
+            node.core.report_snapshot(to, ok)
+            self.kick(node)
+
+    def _ev_restart(self, name: str) -> None:
+        node = self.nodes[name]
+        if not node.alive:
+            node.start()
+            self.log(f"{name} restarted (term {node.core.term}, last {node.core.log.last_index()})")
+            self.schedule(self.rng.randrange(TICK), "tick", (name, node.incarnation))
+
+    def send(self, node: SimNode, m: Message) -> None:
+        if m.type is MessageType.SNAPSHOT:
+            # The runtime attaches the payload: the member's durable snapshot at that index. A
+            # snapshot this member installed but has not yet made durable cannot be sent yet.
+            if node.disk.snapshot.index != m.snapshot.meta.index:
+                self._dropped(m)
+                return
+            m = Message(m.type, m.to, m.frm, m.term,
+                        snapshot=Snapshot(m.snapshot.meta, node.disk.snapshot_data.copy()))
+        f = self.faults
+        if (m.frm, m.to) in f.blocked or self.rng.random() < f.loss:
+            self._dropped(m)
+            return
+        self.schedule(self.rng.randint(f.min_delay, f.max_delay), "deliver", m)
+        if self.rng.random() < f.duplicate:
+            self.stats["duplicated"] += 1
+            self.schedule(self.rng.randint(f.min_delay, f.max_delay * 3), "deliver", m)
+
+    def _dropped(self, m: Message) -> None:
+        self.stats["dropped"] += 1
+        if m.type is MessageType.SNAPSHOT:
+            self.schedule(self.rng.randrange(1, 4), "snapshot_done", (m.frm, m.to, False))
+
+    # --- actions a schedule takes ----------------------------------------------------------
+
+    def crash(self, name: str, downtime: int) -> None:
+        node = self.nodes[name]
+        if node.alive:
+            node.crash()
+            self.stats["crashes"] += 1
+            self.log(f"{name} crashed")
+            self.schedule(downtime, "restart", name)
+
+    def propose_write(self, client: int, key: str) -> None:
+        self.write_seq += 1
+        value = f"v{self.write_seq}"
+        w = ClientWrite(client, self.write_seq, key, value,
+                        encode_write(client, self.write_seq, key, value))
+        self.writes.append(w)
+        self.submit(w)
+
+    def submit(self, w: ClientWrite) -> None:
+        """Hand a write to a member that believes it leads (clients retry elsewhere)."""
+        leader = self.leader()
+        w.node = None
+        w.deadline = self.now + 3 * self.election_ticks * TICK
+        if leader is None:
+            return
+        try:
+            w.index = leader.core.propose(w.data)
+        except ProposalError:
+            return
+        w.node, w.term = leader.name, leader.core.term
+        self.kick(leader)
+
+    def retry_writes(self) -> None:
+        """A client waits while the member that took its write still leads that term, and
+        tries again (perhaps applying twice, which the log check allows) once it does not."""
+        for w in self.writes:
+            if w.acked or self.now < w.deadline:
+                continue
+            node = self.nodes.get(w.node) if w.node else None
+            if node and node.alive and node.core.role is Role.LEADER and node.core.term == w.term:
+                continue
+            self.submit(w)
+
+    def on_applied(self, node: SimNode, entry: Entry) -> None:
+        if entry.kind != EntryKind.NORMAL:
+            return
+        _, seq, _, _ = decode_write(entry.data)
+        w = self.writes[seq - 1]
+        if not w.acked and w.node == node.name and w.index == entry.index:
+            w.acked = True  # the member that took it saw it commit and answered the client
+            self.checker.on_ack(w)
+
+    def start_read(self, node: SimNode, key: str) -> None:
+        if not node.alive:
+            return
+        self.read_seq += 1
+        ctx = ("read", self.read_seq, key)
+        self.checker.read_started[ctx] = self.checker.max_acked_index
+        node.pending_reads[ctx] = (-1, self.now)
+        node.core.read_index(ctx)
+        self.kick(node)
+
+    def serve_reads(self, node: SimNode) -> None:
+        for ctx, (index, _) in list(node.pending_reads.items()):
+            if index >= 0 and node.sm.applied >= index:
+                del node.pending_reads[ctx]
+                self.checker.on_read(node, ctx, index)
+                self.reads_done += 1
+
+    def transfer(self, target: str) -> None:
+        leader = self.leader()
+        if leader is None:
+            return
+        try:
+            leader.core.transfer_leadership(target)
+        except ProposalError:
+            return
+        self.stats["transfers"] += 1
+        self.log(f"transfer {leader.name} -> {target}")
+        self.kick(leader)
+
+    def change_membership(self, voters: set[str], learners: set[str]) -> bool:
+        leader = self.leader()
+        if leader is None:
+            return False
+        try:
+            leader.core.change_membership(voters, learners)
+        except ProposalError:
+            return False
+        self.stats["membership"] += 1
+        self.log(f"membership -> voters {sorted(voters)} learners {sorted(learners)}")
+        self.kick(leader)
+        return True
+
+    def take_snapshot(self, node: SimNode, keep: int) -> None:
+        core = node.core
+        index = node.sm.applied
+        if not node.alive or node.persisting is not None or index <= core.log.snapshot.index:
+            return
+        meta = core.compact(index, keep)
+        node.disk.install(meta, node.sm)
+        self.stats["snapshots"] += 1
+        self.log(f"{node.name} snapshot at {index} (keep {keep})")
+
+
+# --- the safety properties ---------------------------------------------------------------
+
+
+class SafetyChecker:
+    """Raft's safety properties, checked as the simulation runs.
+
+    - Election Safety: at most one leader per term.
+    - Log Matching: an (index, term) pair names one entry, and the same previous term, in every
+      log; so logs that agree on an entry agree on everything before it.
+    - Leader Completeness: a new leader's log holds every entry committed so far.
+    - State Machine Safety: no two members apply different entries at one index.
+    - Durability of commitment: when a leader commits an index, that entry is on the disks of a
+      majority of its voters, and of its old voters too while the configuration is joint.
+    - Committed entries are never lost: the committed prefix only grows.
+    - Linearizable reads: a ReadIndex read sees every write acknowledged before it started, and
+      exactly the value the committed log gives at the state it was answered from.
+    """
+
+    def __init__(self, sim: Simulation) -> None:
+        self.sim = sim
+        self.leaders: dict[int, str] = {}
+        self.entries: dict[tuple[int, int], tuple[int, bytes, int | None]] = {}
+        self.committed: dict[int, Entry] = {}
+        self.commit_index = 0
+        self.max_acked_index = 0
+        self.read_started: dict[Any, int] = {}
+        self.leader_commit: dict[tuple[str, int], int] = {}
+        self.reads_checked = 0
+        self.key_history: dict[str, list[tuple[int, str]]] = {}
+
+    def _record_committed(self, entry: Entry) -> None:
+        self.committed[entry.index] = entry
+        self.commit_index = entry.index
+        if entry.kind == EntryKind.NORMAL:
+            _, _, key, value = decode_write(entry.data)
+            self.key_history.setdefault(key, []).append((entry.index, value))
+
+    def fail(self, what: str) -> None:
+        trace = "\n".join(self.sim.trace)
+        raise SafetyViolation(f"seed {self.sim.seed}: {what}\n--- recent events ---\n{trace}")
+
+    def on_ready(self, node: SimNode, rd: Ready) -> None:
+        core = node.core
+        if rd.soft_state is not None and rd.soft_state.role is Role.LEADER:
+            term = rd.soft_state.term
+            other = self.leaders.setdefault(term, node.name)
+            if other != node.name:
+                self.fail(f"two leaders in term {term}: {other} and {node.name}")
+            self.sim.log(f"{node.name} leads term {term}")
+            self._check_leader_complete(node)
+        for entry in rd.entries:
+            prev = core.log.term(entry.index - 1)
+            key = (entry.index, entry.term)
+            value = (entry.kind, entry.data, prev)
+            seen = self.entries.setdefault(key, value)
+            if seen != value:
+                self.fail(f"log matching: {node.name} holds a different entry {key}")
+
+    def _check_leader_complete(self, node: SimNode) -> None:
+        log = node.core.log
+        for index in range(log.offset + 1, self.commit_index + 1):
+            if log.term(index) != self.committed[index].term:
+                self.fail(f"leader completeness: {node.name} leads term {node.core.term} "
+                          f"without committed entry {index}")
+        if 0 < log.offset <= self.commit_index and log.offset_term != self.committed[
+                log.offset].term:
+            self.fail(f"leader completeness: {node.name}'s log base {log.offset} differs")
+
+    def on_apply(self, node: SimNode, entry: Entry) -> None:
+        seen = self.committed.get(entry.index)
+        if seen is None:
+            if entry.index != self.commit_index + 1:
+                self.fail(f"{node.name} applied {entry.index} past the known committed prefix "
+                          f"{self.commit_index}")
+            self._record_committed(entry)
+        elif seen != entry:
+            self.fail(f"state machine safety: {node.name} applied {entry} at {entry.index}, "
+                      f"another member applied {seen}")
+
+    def on_ack(self, w: ClientWrite) -> None:
+        self.max_acked_index = max(self.max_acked_index, w.index)
+
+    def on_read(self, node: SimNode, ctx: Any, index: int) -> None:
+        started_after = self.read_started.pop(ctx)
+        if index < started_after:
+            self.fail(f"stale read {ctx} on {node.name}: read index {index} but a write at "
+                      f"{started_after} was acknowledged before the read began")
+        key = ctx[2]
+        got = node.sm.data.get(key)
+        applied = node.sm.applied
+        if applied > self.commit_index:
+            self.fail(f"{node.name} applied {applied}, beyond the committed prefix")
+        history = self.key_history.get(key, [])
+        pos = bisect.bisect_right(history, (applied, "\uffff"))
+        expected = (history[pos - 1][1], history[pos - 1][0]) if pos else None
+        if got != expected:
+            self.fail(f"read {ctx} on {node.name} at applied {node.sm.applied} returned {got}, "
+                      f"the committed log gives {expected}")
+        self.reads_checked += 1
+
+    def after_event(self) -> None:
+        for node in self.sim.nodes.values():
+            if not node.alive:
+                continue
+            core = node.core
+            core.log.check_invariants()
+            if core.role is not Role.LEADER:
+                continue
+            committed = core.log.committed
+            # Only what a leader commits by counting acknowledgements is checked against its
+            # configuration; the commit index it inherited was checked when it was counted.
+            seen = self.leader_commit.setdefault((node.name, core.term), committed)
+            if committed > seen:
+                self.leader_commit[(node.name, core.term)] = committed
+                self._check_commit_durable(node, committed)
+            # Everything a leader has committed must agree with what anyone has applied.
+            for index in range(max(self.commit_index, core.log.offset) + 1, committed + 1):
+                self._record_committed(core.log.entries[index - core.log.offset - 1])
+            if committed <= self.commit_index and committed > core.log.offset:
+                entry = core.log.entries[committed - core.log.offset - 1]
+                if self.committed[committed] != entry:
+                    self.fail(f"{node.name} committed {entry}, but {self.committed[committed]} "
+                              f"was committed at {committed}")
+
+    def _check_commit_durable(self, node: SimNode, index: int) -> None:
+        term = node.core.log.term(index)
+        if term is None:
+            return
+        membership = node.core.membership
+        groups = [membership.voters]
+        if membership.outgoing is not None:
+            groups.append(membership.outgoing)
+        for group in groups:
+            holders = [n for n in group if n in self.sim.nodes
+                       and self.sim.nodes[n].disk.holds(index, term)]
+            if len(holders) <= len(group) // 2:
+                self.fail(f"{node.name} committed {index} (term {term}) but only {holders} of "
+                          f"{sorted(group)} hold it durably")
