@@ -1,0 +1,44 @@
+"""A member's durable storage: the write-ahead log, hard state, snapshots, data-dir identity.
+
+`LogStorage` (protocol.py) is what the runtime programs against; `MemoryStorage` is its
+reference implementation and `DiskStorage` the real one. Snapshots live beside the log in a
+`SnapshotStore`; the runtime keeps the two in step (a snapshot is made durable in the store
+first, then `LogStorage.compact()` or `install_snapshot()` moves the log past it). On start it
+compares `SnapshotStore.latest()` with `recover().snapshot`: a store snapshot newer than the
+log's start (a crash between those two steps) is installed again.
+"""
+
+from .datadir import DataDir, Identity
+from .errors import (
+    CompactedError,
+    CorruptDataError,
+    DataDirError,
+    LogRangeError,
+    StorageError,
+    StorageFailedError,
+    UnavailableError,
+)
+from .memory import MemoryStorage
+from .protocol import LogStorage
+from .snapshots import PayloadReader, SnapshotStore, SnapshotWriter, StoredSnapshot
+from .wal import DiskStorage, SegmentInfo
+
+__all__ = [
+    "CompactedError",
+    "CorruptDataError",
+    "DataDir",
+    "DataDirError",
+    "DiskStorage",
+    "Identity",
+    "LogRangeError",
+    "LogStorage",
+    "MemoryStorage",
+    "PayloadReader",
+    "SegmentInfo",
+    "SnapshotStore",
+    "SnapshotWriter",
+    "StorageError",
+    "StorageFailedError",
+    "StoredSnapshot",
+    "UnavailableError",
+]

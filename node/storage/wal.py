@@ -1,0 +1,589 @@
+"""`DiskStorage`: the member's log as a segmented write-ahead log, plus its hard-state file.
+
+Layout under the data dir:
+
+    hardstate                    term and vote (hardstate.py)
+    wal/start                    where the log starts, and its generation (logstart.py)
+    wal/0000000000000001.seg     segments, named by their first index (segment.py)
+    wal/0000000000004711.seg     ... the newest one is the only one written to
+
+Write path. `append` encodes every entry of the call into one buffer and hands it to one
+`os.write` on the newest segment; `sync` is one fdatasync of that file (plus the directory when
+a segment was created or removed since the last sync). Those are the only syscalls on the hot
+path, so a batch of entries costs one write and one fsync however many entries it holds.
+
+Why entries are also kept in memory (rather than an index of file offsets): reads are on the
+hot path too (a leader sends every entry to every follower right after appending it, and the
+core asks `term()` on every append it receives), and serving them from a list costs no syscall,
+no decoding and no open file handle per sealed segment. The price is memory for the entries
+since the last compaction (plus `keep_trailing_entries`), which the snapshot policy bounds
+since every snapshot is followed by `compact()`; and the core holds the same entries anyway
+after `recover()`. Per segment we keep only an array of record offsets (8 bytes per entry),
+which truncation needs.
+
+Crash safety rests on three rules, each cheap because it is off the hot path:
+- A segment is sealed by fsyncing it (and making the file read-only) before its successor is
+  created, and a segment is created complete (header written to a temporary name, fsynced,
+  renamed). So every segment but the newest is whole and durable, and any damage in one is
+  corruption, never a torn write. (This costs two fsyncs per rotation inside `append`, once
+  per `segment_bytes`; deferring them to `sync()` would let a crash leave a short sealed
+  segment followed by a newer one, which recovery could not tell from real damage.)
+- A truncation (an append that replaces a suffix: only after a leader change) is made durable
+  before the new records are written, so a crash cannot mix new records with the old ones.
+- wal/start is written before segments are deleted (see logstart.py).
+Recovery therefore cuts back a torn tail of the newest segment and refuses everything else.
+
+Threading: one owner calls everything; `sync()` may run in a worker thread meanwhile (an
+asyncio runtime runs it in an executor and keeps appending), so it only takes the lock to grab
+a duplicate of the active file descriptor and fsyncs outside it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from array import array
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from flotilla.node.consensus.types import Entry, HardState, RecoveredState, SnapshotMeta
+
+from .entrylog import EntryLog
+from .errors import CorruptDataError, StorageFailedError
+from .fsutil import (
+    TEMP_SUFFIX,
+    datasync,
+    ensure_dir,
+    fsync_dir,
+    remove_temp_files,
+    write_all,
+)
+from .hardstate import HardStateFile
+from .logstart import LogStart, LogStartFile
+from .segment import (
+    SUFFIX,
+    ScanResult,
+    SegmentHeader,
+    decode_header,
+    encode_header,
+    parse_segment_name,
+    record_encoder,
+    scan_records,
+    segment_name,
+    valid_record_after,
+)
+
+log = logging.getLogger(__name__)
+
+MiB = 1 << 20
+DEFAULT_SEGMENT_BYTES = 64 * MiB
+_HEADER_READ = 1 << 17  # more than any segment header (cluster ids are at most 64 KiB)
+_START_NAME = "start"
+READ_ONLY = 0o444  # the mode of sealed segments: only the newest one is ever written
+WRITABLE = 0o644
+
+
+@dataclass(eq=False, slots=True)
+class Segment:
+    """One segment file. Invariant: record k (at byte `offsets[k]`) holds `first_index + k`,
+    and `size` is the end of the last whole record. Only the newest one has an open `fd`."""
+
+    path: Path
+    first_index: int
+    offsets: array = field(default_factory=lambda: array("Q"))
+    size: int = 0
+    fd: int | None = None
+
+    @property
+    def last_index(self) -> int:
+        return self.first_index + len(self.offsets) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentInfo:
+    """A sealed segment as the archiver sees it (see `DiskStorage.sealed_segments`)."""
+
+    path: Path
+    first_index: int
+    last_index: int
+
+
+class DiskStorage:
+    """A `LogStorage` on disk. Opening it recovers: see the module docstring.
+
+    Raises CorruptDataError when opening a log it will not repair (anything but a torn tail of
+    the newest segment, or segments of another cluster).
+    """
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str],
+        *,
+        cluster_id: str,
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        keep_trailing_entries: int = 0,
+        fsync: bool = True,
+    ) -> None:
+        if segment_bytes <= 0:
+            raise ValueError("segment_bytes must be positive")
+        if keep_trailing_entries < 0:
+            raise ValueError("keep_trailing_entries must be >= 0")
+        self.data_dir = Path(data_dir)
+        self.wal_dir = self.data_dir / "wal"
+        self.cluster_id = cluster_id
+        self.segment_bytes = segment_bytes
+        self.keep_trailing_entries = keep_trailing_entries
+        self._fsync = fsync
+        self._lock = threading.Lock()
+        self._encode = record_encoder()
+        self._hard_state_file = HardStateFile(self.data_dir / "hardstate", fsync=fsync)
+        self._start_file = LogStartFile(self.wal_dir / _START_NAME, fsync=fsync)
+        self._segments: list[Segment] = []
+        self._log = EntryLog()
+        self._start = LogStart()
+        self._hard_state = HardState()
+        # Counters, so that a sync() returns early only when a *completed* fsync covers
+        # everything: with sync() in a worker thread, another may be in flight.
+        self._appends = 0  # append calls so far
+        self._dir_changes = 0  # segment files created without a directory fsync since
+        self._synced_appends = 0  # the value of `_appends` a completed sync covers
+        self._synced_dir_changes = 0
+        self._failed: BaseException | None = None
+        self._closed = False
+        self._recover()
+
+    # --- LogStorage: write side -------------------------------------------------------------
+
+    def recover(self) -> RecoveredState:
+        return RecoveredState(
+            hard_state=self._hard_state,
+            snapshot=self._start.snapshot,
+            entries=self._log.after(self._start.snapshot.index),
+        )
+
+    def append(self, entries: Sequence[Entry]) -> None:
+        if not entries:
+            return
+        with self._lock:
+            self._check_usable()
+            self._log.check_append(entries, self._start.snapshot.index)
+            with self._failing_for_good():
+                if entries[0].index <= self._log.last_index():
+                    self._truncate_from(entries[0].index)
+                self._write(entries)
+            self._log.extend(entries)
+            self._appends += 1
+
+    def sync(self) -> None:
+        with self._lock:
+            self._check_usable()
+            appends, dir_changes = self._appends, self._dir_changes
+            if appends == self._synced_appends and dir_changes == self._synced_dir_changes:
+                return
+            fd = os.dup(self._active.fd)  # stays valid even if the owner rotates meanwhile
+        try:
+            with self._failing_for_good():
+                if self._fsync:
+                    datasync(fd)
+                    if dir_changes != self._synced_dir_changes:
+                        fsync_dir(self.wal_dir)
+        finally:
+            os.close(fd)
+        with self._lock:
+            self._synced_appends = max(self._synced_appends, appends)
+            self._synced_dir_changes = max(self._synced_dir_changes, dir_changes)
+
+    def save_hard_state(self, hs: HardState) -> None:
+        with self._lock:
+            self._check_usable()
+            with self._failing_for_good():
+                self._hard_state_file.save(hs)
+            self._hard_state = hs
+
+    def install_snapshot(self, meta: SnapshotMeta) -> None:
+        current = self._start.snapshot
+        if meta.index < current.index:
+            raise ValueError(
+                f"snapshot at index {meta.index} is older than the current one at {current.index}"
+            )
+        self.sync()
+        with self._lock:
+            self._check_usable()
+            with self._failing_for_good():
+                if self._holds(meta.index, meta.term):
+                    self._move_start(LogStart(self._start.generation, meta, meta.index, meta.term))
+                else:
+                    self._discard_log(meta)
+
+    def compact(self, index: int) -> None:
+        if index > self._log.last_index():
+            raise ValueError(
+                f"cannot compact to {index}: the last index is {self._log.last_index()}"
+            )
+        self.sync()
+        with self._lock:
+            self._check_usable()
+            snapshot = self._start.snapshot
+            if index > snapshot.index:
+                snapshot = self._log.snapshot_at(index, snapshot)
+            limit = min(index - self.keep_trailing_entries, snapshot.index)
+            base_index = self._log.base_index
+            for segment in self._segments[:-1]:
+                if segment.last_index > limit:
+                    break
+                base_index = max(base_index, segment.last_index)
+            start = LogStart(
+                self._start.generation, snapshot, base_index, self._log.term(base_index)
+            )
+            if start != self._start:
+                with self._failing_for_good():
+                    self._move_start(start)
+
+    # --- LogStorage: read side ----------------------------------------------------------------
+
+    def first_index(self) -> int:
+        return self._log.first_index()
+
+    def last_index(self) -> int:
+        return self._log.last_index()
+
+    def term(self, index: int) -> int:
+        return self._log.term(index)
+
+    def entries(self, lo: int, hi: int) -> list[Entry]:
+        return self._log.entries(lo, hi)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            for segment in self._segments:
+                if segment.fd is not None:
+                    os.close(segment.fd)
+                    segment.fd = None
+
+    # --- beyond the protocol ------------------------------------------------------------------
+
+    def sealed_segments(self) -> list[SegmentInfo]:
+        """Every segment but the newest, oldest first. Only a truncation reaching back into one
+        rewrites it, and truncations never go below the commit index: so the archiver may ship
+        those whose last index is committed."""
+        with self._lock:
+            return [SegmentInfo(s.path, s.first_index, s.last_index) for s in self._segments[:-1]]
+
+    # --- write path ---------------------------------------------------------------------------
+
+    @property
+    def _active(self) -> Segment:
+        return self._segments[-1]
+
+    def _write(self, entries: Sequence[Entry]) -> None:
+        """Encode `entries` into one buffer per segment they land in, one os.write each."""
+        segment = self._active
+        encode = self._encode
+        limit = self.segment_bytes
+        parts: list[bytes] = []
+        offsets = array("Q")
+        position = segment.size
+        for entry in entries:
+            record = encode(entry)
+            if position + len(record) > limit and (segment.offsets or offsets):
+                self._write_records(segment, parts, offsets)
+                segment = self._rotate(entry.index)
+                parts, offsets, position = [], array("Q"), segment.size
+            offsets.append(position)
+            parts.append(record)
+            position += len(record)
+        self._write_records(segment, parts, offsets)
+
+    def _write_records(self, segment: Segment, parts: list[bytes], offsets: array) -> None:
+        buffer = b"".join(parts)
+        write_all(segment.fd, buffer)
+        segment.offsets.extend(offsets)
+        segment.size += len(buffer)
+
+    def _rotate(self, first_index: int) -> Segment:
+        """Seal the active segment (durable and whole before its successor exists) and start a
+        new one at `first_index`."""
+        sealed = self._active
+        if self._fsync:
+            datasync(sealed.fd)
+        os.fchmod(sealed.fd, READ_ONLY)
+        os.close(sealed.fd)
+        sealed.fd = None
+        segment = self._create_segment(first_index)
+        self._segments.append(segment)
+        return segment
+
+    def _create_segment(self, first_index: int) -> Segment:
+        """A new segment holding only its header, created under a temporary name and renamed
+        once its header is durable, so a crash never leaves a segment with a partial header."""
+        path = self.wal_dir / segment_name(first_index)
+        temp = path.with_name(path.name + TEMP_SUFFIX)
+        header = encode_header(self.cluster_id, self._start.generation, first_index)
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, WRITABLE)
+        try:
+            write_all(fd, header)
+            if self._fsync:
+                datasync(fd)
+            os.replace(temp, path)
+        except BaseException:
+            os.close(fd)
+            temp.unlink(missing_ok=True)
+            raise
+        self._dir_changes += 1
+        return Segment(path, first_index, array("Q"), len(header), fd)
+
+    def _truncate_from(self, index: int) -> None:
+        """Durably remove records `index ..= last`. Newer segments go first (and that is made
+        durable first), so a crash half-way leaves a prefix of the old log, never a gap."""
+        removed = False
+        while self._active.first_index > index:
+            doomed = self._segments.pop()
+            if doomed.fd is not None:
+                os.close(doomed.fd)
+            doomed.path.unlink()
+            removed = True
+        if removed and self._fsync:
+            fsync_dir(self.wal_dir)
+        segment = self._active
+        keep = index - segment.first_index
+        offset = segment.offsets[keep]
+        if segment.fd is None:  # a sealed segment becomes the active one again
+            segment.fd = _open_for_append(segment.path)
+        os.ftruncate(segment.fd, offset)
+        if self._fsync:
+            datasync(segment.fd)
+        del segment.offsets[keep:]
+        segment.size = offset
+        self._log.truncate_from(index)
+
+    def _move_start(self, start: LogStart) -> None:
+        """Record a new log start (the commit point), then forget and delete what lies before
+        it: whole sealed segments only; the rest of a straddling segment is skipped on recovery."""
+        self._start_file.save(start)
+        self._start = start
+        self._log.drop_through(start.base_index)
+        removed = False
+        while len(self._segments) > 1 and self._segments[0].last_index <= start.base_index:
+            self._segments.pop(0).path.unlink()
+            removed = True
+        if removed and self._fsync:
+            fsync_dir(self.wal_dir)
+
+    def _discard_log(self, meta: SnapshotMeta) -> None:
+        """Drop the whole log for a snapshot it does not match, in a new generation."""
+        start = LogStart(self._start.generation + 1, meta, meta.index, meta.term)
+        self._start_file.save(start)  # from here on, every existing segment is stale
+        self._start = start
+        for segment in reversed(self._segments):
+            if segment.fd is not None:
+                os.close(segment.fd)
+            segment.path.unlink()
+        self._segments = [self._create_segment(meta.index + 1)]
+        if self._fsync:
+            fsync_dir(self.wal_dir)
+        self._synced_dir_changes = self._dir_changes
+        self._log.reset(meta.index, meta.term)
+
+    def _holds(self, index: int, term: int) -> bool:
+        log_ = self._log
+        return log_.base_index <= index <= log_.last_index() and log_.term(index) == term
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise ValueError("storage is closed")
+        if self._failed is not None:
+            raise StorageFailedError(
+                f"an earlier write or fsync in {self.wal_dir} failed ({self._failed}); what is on "
+                "disk is unknown until the member restarts and recovers"
+            ) from self._failed
+
+    @contextmanager
+    def _failing_for_good(self) -> Iterator[None]:
+        """An OSError while writing leaves the files in an unknown state: refuse further use."""
+        try:
+            yield
+        except OSError as exc:
+            self._failed = exc
+            raise
+
+    # --- recovery -----------------------------------------------------------------------------
+
+    def _recover(self) -> None:
+        ensure_dir(self.wal_dir, fsync=self._fsync)
+        for leftover in remove_temp_files(self.wal_dir):
+            log.info("removed %s, left over from an interrupted write", leftover)
+        self._hard_state = self._hard_state_file.load()
+        found = self._list_segments()
+        if not self._start_file.exists():
+            if found:
+                raise CorruptDataError(
+                    self._start_file.path, 0, "file is missing although log segments exist"
+                )
+            self._start_file.save(self._start)
+        self._start = self._start_file.load()
+        headers = self._read_headers(found)
+        segments = self._scan(headers)
+        self._segments = segments
+        last = segments[-1].last_index if segments else None
+        snapshot = self._start.snapshot
+        if last is None or last < snapshot.index:
+            self._restart_log_after_snapshot(last)
+        if self._active.fd is None:
+            self._active.fd = _open_for_append(self._active.path)
+        if self._dir_changes and self._fsync:
+            fsync_dir(self.wal_dir)
+        self._synced_dir_changes = self._dir_changes
+
+    def _list_segments(self) -> list[tuple[int, Path]]:
+        found = []
+        for path in self.wal_dir.iterdir():
+            if path.name == _START_NAME:
+                continue
+            first_index = parse_segment_name(path.name)
+            if first_index is None:
+                if path.suffix == SUFFIX:
+                    raise CorruptDataError(path, 0, "segment file name is not a 16-digit index")
+                log.warning("ignoring unexpected file %s in the log directory", path)
+                continue
+            found.append((first_index, path))
+        found.sort()
+        return found
+
+    def _read_headers(self, found: list[tuple[int, Path]]) -> list[tuple[Path, SegmentHeader]]:
+        """Check every segment's header; delete segments the log start says are gone."""
+        generation = self._start.generation
+        kept = []
+        for first_index, path in found:
+            with open(path, "rb") as file:
+                header = decode_header(file.read(_HEADER_READ), path)
+            if header.cluster_id != self.cluster_id:
+                raise CorruptDataError(
+                    path,
+                    0,
+                    f"segment belongs to cluster {header.cluster_id!r}, but this member is "
+                    f"configured for cluster {self.cluster_id!r}",
+                    advice="check --data-dir and --cluster-id; another cluster's data is never "
+                    "merged, so give this member its own (or an empty) data dir",
+                )
+            if header.first_index != first_index:
+                raise CorruptDataError(
+                    path,
+                    0,
+                    f"header says the first index is {header.first_index}, the name says "
+                    f"{first_index}",
+                )
+            if header.generation > generation:
+                raise CorruptDataError(
+                    path,
+                    0,
+                    f"segment generation {header.generation} is newer than the log "
+                    f"start's ({generation}, in {self._start_file.path})",
+                )
+            if header.generation < generation:
+                log.info("removing %s: its log was discarded by a snapshot install", path)
+                self._unlink_at_recovery(path)
+                continue
+            kept.append((path, header))
+        # Segments that compaction had deleted but whose removal did not survive a crash.
+        while len(kept) > 1 and kept[1][1].first_index - 1 <= self._start.base_index:
+            log.info("removing %s: it was compacted", kept[0][0])
+            self._unlink_at_recovery(kept.pop(0)[0])
+        return kept
+
+    def _scan(self, headers: list[tuple[Path, SegmentHeader]]) -> list[Segment]:
+        """Read every record; cut a torn tail of the newest segment; refuse anything else."""
+        base_index = self._start.base_index
+        entries: list[Entry] = []
+        segments: list[Segment] = []
+        for position, (path, header) in enumerate(headers):
+            newest = position == len(headers) - 1
+            if not segments and header.first_index > base_index + 1:
+                raise CorruptDataError(
+                    path,
+                    0,
+                    f"the log must continue right after index {base_index} (see "
+                    f"{self._start_file.path}), but its oldest segment starts at index "
+                    f"{header.first_index}: entries are missing",
+                )
+            if segments and header.first_index != segments[-1].last_index + 1:
+                raise CorruptDataError(
+                    path,
+                    0,
+                    f"gap between segments: the previous one ends at index "
+                    f"{segments[-1].last_index}, this one starts at index {header.first_index}",
+                )
+            buffer = path.read_bytes()
+            found = scan_records(buffer, header.size, header.first_index, base_index)
+            if found.error is not None:
+                expected = header.first_index + len(found.offsets)
+                self._check_torn_tail(path, buffer, found, expected, newest)
+            segments.append(Segment(path, header.first_index, found.offsets, found.end))
+            entries.extend(found.entries)
+        self._log = EntryLog(base_index, self._start.base_term, entries)
+        return segments
+
+    def _check_torn_tail(
+        self, path: Path, buffer: bytes, found: ScanResult, expected_index: int, newest: bool
+    ) -> None:
+        """Cut a torn tail off the newest segment, or raise: see the module docstring."""
+        offset, error = found.end, found.error
+        if not newest:
+            raise CorruptDataError(path, offset, f"{error} in a sealed segment")
+        if not found.torn:
+            raise CorruptDataError(path, offset, error)
+        later = valid_record_after(buffer, offset, expected_index)
+        if later is not None:
+            raise CorruptDataError(
+                path,
+                offset,
+                f"{error}, yet an intact record follows at byte offset {later}: "
+                "this is damage inside the log, not a write cut short by a crash",
+            )
+        log.warning(
+            "%s: %s at byte offset %d; cutting off the last %d bytes as a write torn by a crash "
+            "(they were never synced, so nothing acknowledged is lost)",
+            path,
+            error,
+            offset,
+            len(buffer) - offset,
+        )
+        os.chmod(path, WRITABLE)  # the newest segment may have been sealed just before a crash
+        with open(path, "r+b") as file:
+            file.truncate(offset)
+            if self._fsync:
+                os.fsync(file.fileno())
+
+    def _restart_log_after_snapshot(self, last: int | None) -> None:
+        """No segment reaches the snapshot index (a fresh data dir, or a crash in the middle of
+        discarding the log): the log restarts, empty, right after the snapshot."""
+        snapshot = self._start.snapshot
+        if last is not None:
+            log.warning(
+                "the log ends at index %d, short of the snapshot at %d; restarting it after the "
+                "snapshot",
+                last,
+                snapshot.index,
+            )
+        start = LogStart(self._start.generation, snapshot, snapshot.index, snapshot.term)
+        if start != self._start:
+            self._start_file.save(start)
+            self._start = start
+        for segment in self._segments:
+            self._unlink_at_recovery(segment.path)
+        self._log = EntryLog(snapshot.index, snapshot.term)
+        self._segments = [self._create_segment(snapshot.index + 1)]
+
+    def _unlink_at_recovery(self, path: Path) -> None:
+        path.unlink()
+        self._dir_changes += 1
+
+
+def _open_for_append(path: Path) -> int:
+    """Open a segment to append to it: the newest after recovery, or a sealed one that a
+    truncation reaches back into (it becomes the newest again, so it is made writable)."""
+    os.chmod(path, WRITABLE)
+    return os.open(path, os.O_WRONLY | os.O_APPEND)

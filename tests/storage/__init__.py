@@ -1,0 +1,1 @@
+"""Tests of the member's durable storage (flotilla.node.storage)."""
