@@ -28,8 +28,8 @@ from .types import (
     Membership,
     Message,
     MessageType,
-    Ready,
     ReadState,
+    Ready,
     RecoveredState,
     Role,
     Snapshot,
@@ -164,13 +164,17 @@ class RaftCore:
         return first
 
     def change_membership(
-        self, voters: set[str] | frozenset[str], learners: set[str] | frozenset[str] = frozenset()
+        self,
+        voters: set[str] | frozenset[str],
+        learners: set[str] | frozenset[str] = frozenset(),
+        addresses: dict[str, str] | None = None,
     ) -> int:
         """Propose the configuration with exactly these voters and learners.
 
         A change of voters goes through joint consensus: first C_old,new, and once that commits
         the leader appends C_new by itself. A change of learners only is a single step. At most
         one change is in flight: the previous one must be committed and not joint.
+        `addresses` (member -> peer URL) are merged into the ones the configuration carries.
         """
         self._check_can_propose()
         voters, learners = frozenset(voters), frozenset(learners) - frozenset(voters)
@@ -182,11 +186,14 @@ class RaftCore:
             raise MembershipChangeInProgress(pending)
         if voters == current.voters and learners == current.learners:
             raise InvalidMembership("the configuration is already exactly that")
-        if voters == current.voters:
-            target = Membership(voters=voters, learners=learners)
-        else:
-            target = Membership(voters=voters, learners=learners, outgoing=current.voters)
-        return self._append_membership(target)
+        merged = dict(current.addresses)
+        merged.update(addresses or {})
+        everyone = voters | learners | current.voters
+        kept = tuple(sorted((n, url) for n, url in merged.items() if n in everyone))
+        outgoing = None if voters == current.voters else current.voters
+        return self._append_membership(
+            Membership(voters=voters, learners=learners, outgoing=outgoing, addresses=kept)
+        )
 
     def read_index(self, context: Any) -> None:
         """Ask for a linearizable read. A `ReadState(context, index)` comes out in a later
@@ -670,8 +677,10 @@ class RaftCore:
             current = self.membership
             if current.joint:
                 # C_old,new is committed: move on to C_new (dissertation 4.3).
-                self._append_membership(Membership(voters=current.voters,
-                                                   learners=current.learners))
+                members = current.voters | current.learners
+                self._append_membership(Membership(
+                    voters=current.voters, learners=current.learners,
+                    addresses=tuple((n, u) for n, u in current.addresses if n in members)))
             elif not current.can_vote(self.name):
                 # C_new is committed and does not include this leader: hand over and step down.
                 self._broadcast_append()

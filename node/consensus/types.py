@@ -40,12 +40,14 @@ class Membership:
 
     `outgoing` is None outside joint consensus. While joint (C_old,new), `outgoing` holds the
     old voters and `voters` the new ones: elections and commitment need a majority of each.
-    Learners receive the log but are never counted.
+    Learners receive the log but are never counted. `addresses` maps members to their peer
+    URLs: the core only carries them along, so that whoever leads next can reach every member.
     """
 
     voters: frozenset[str]
     learners: frozenset[str] = frozenset()
     outgoing: frozenset[str] | None = None
+    addresses: tuple[tuple[str, str], ...] = ()
 
     @property
     def joint(self) -> bool:
@@ -62,6 +64,8 @@ class Membership:
         doc = {"voters": sorted(self.voters), "learners": sorted(self.learners)}
         if self.outgoing is not None:
             doc["outgoing"] = sorted(self.outgoing)
+        if self.addresses:
+            doc["addresses"] = dict(self.addresses)
         return json.dumps(doc, separators=(",", ":")).encode()
 
     @classmethod
@@ -72,6 +76,7 @@ class Membership:
             voters=frozenset(doc["voters"]),
             learners=frozenset(doc.get("learners", ())),
             outgoing=None if outgoing is None else frozenset(outgoing),
+            addresses=tuple(sorted(doc.get("addresses", {}).items())),
         )
 
     def describe(self) -> dict[str, Any]:

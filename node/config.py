@@ -1,0 +1,214 @@
+"""`flotilla node` flags, with `FLOTILLA_<FLAG>` environment fallbacks (a flag beats env).
+
+Every mistake is reported as one line that names the flag and what would be right; the CLI
+exits 2 on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from flotilla.node.snapshot_policy import SnapshotPolicy
+
+DEFAULT_MAX_VALUE_BYTES = 1 << 20
+
+
+class UsageError(ValueError):
+    """A bad flag: the message is the one line the user sees."""
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    name: str
+    data_dir: str
+    listen_peer: tuple[str, int]
+    listen_client: tuple[str, int]
+    advertise_peer: str
+    advertise_client: str
+    initial_cluster: dict[str, str] = field(default_factory=dict)
+    initial_cluster_state: str = "new"
+    cluster_id: str = "flotilla"
+    election_timeout_ms: int = 1000
+    heartbeat_ms: int = 100
+    snapshot_policy: SnapshotPolicy = field(default_factory=SnapshotPolicy.default)
+    archive: str | None = None
+    s3_endpoint: str | None = None
+    s3_region: str | None = None
+    restore_from: str | None = None
+    restore_cluster_id: str | None = None
+    restore_index: int | None = None
+    admin_token: str | None = None
+    fsync: bool = True
+    max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES
+
+    @property
+    def election_ticks(self) -> int:
+        return max(2, self.election_timeout_ms // self.heartbeat_ms)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2 (argparse's own convention)
+        raise UsageError(message)
+
+
+FLAGS: list[tuple[str, dict]] = [
+    ("--name", {"help": "member name, unique in its cluster (required)"}),
+    ("--data-dir", {"help": "log, hard state and snapshots (required)"}),
+    ("--listen-peer", {"help": "HOST:PORT for Raft peer traffic (required)"}),
+    ("--listen-client", {"help": "HOST:PORT for the client and admin HTTP API (required)"}),
+    ("--advertise-peer", {"help": "peer URL others dial (default: from --listen-peer)"}),
+    ("--advertise-client", {"help": "client URL others dial (default: from --listen-client)"}),
+    ("--initial-cluster", {"help": "N1=URL,N2=URL: peer URLs of the first voters"}),
+    ("--initial-cluster-state", {"help": "new (bootstrap as a voter) or existing (wait to be "
+                                         "added as a learner)", "default": None}),
+    ("--cluster-id", {"help": "shared by all members; requests carrying another are refused"}),
+    ("--election-timeout-ms", {"help": "election timeout (default 1000)"}),
+    ("--heartbeat-ms", {"help": "heartbeat interval (default 100)"}),
+    ("--snapshot-policy", {"help": "ratio=0.1, log-bytes=64MiB, entries=10000, combinable"}),
+    ("--archive", {"help": "s3://bucket/prefix or file:///path"}),
+    ("--s3-endpoint", {"help": "S3-compatible endpoint URL"}),
+    ("--s3-region", {"help": "S3 region"}),
+    ("--restore-from", {"help": "bootstrap a new cluster from this archive URL"}),
+    ("--restore-cluster-id", {"help": "which cluster of that archive"}),
+    ("--restore-index", {"help": "restore exactly the state at this index"}),
+    ("--admin-token", {"help": "admin endpoints require Authorization: Bearer TOKEN"}),
+    ("--fsync", {"help": "true (default) or false: acknowledge only what is on disk"}),
+    ("--max-value-bytes", {"help": "largest value a client may write (default 1 MiB)"}),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="flotilla node", description="Run one Flotilla cluster member.")
+    for flag, options in FLAGS:
+        parser.add_argument(flag, **options)
+    return parser
+
+
+def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> NodeConfig:
+    env = os.environ if env is None else env
+    raw = vars(build_parser().parse_args(list(argv)))
+    for flag, _ in FLAGS:
+        key = flag[2:].replace("-", "_")
+        if raw.get(key) is None:
+            raw[key] = env.get("FLOTILLA_" + key.upper()) or None
+    for required in ("name", "data_dir", "listen_peer", "listen_client"):
+        if not raw[required]:
+            flag = "--" + required.replace("_", "-")
+            raise UsageError(f"{flag} is required (or set FLOTILLA_{required.upper()})")
+    listen_peer = _host_port(raw["listen_peer"], "--listen-peer")
+    listen_client = _host_port(raw["listen_client"], "--listen-client")
+    advertise_peer = raw["advertise_peer"] or f"http://{_url_host(listen_peer)}"
+    advertise_client = raw["advertise_client"] or f"http://{_url_host(listen_client)}"
+    for url, flag in ((advertise_peer, "--advertise-peer"),
+                      (advertise_client, "--advertise-client")):
+        _check_url(url, flag)
+    state = raw["initial_cluster_state"] or "new"
+    if state not in ("new", "existing"):
+        raise UsageError(f"--initial-cluster-state must be new or existing, not {state!r}")
+    initial = _initial_cluster(raw["initial_cluster"])
+    if state == "new" and not raw["restore_from"] and not initial:
+        initial = {raw["name"]: advertise_peer}  # a single-member cluster
+    if state == "new" and initial and raw["name"] not in initial:
+        raise UsageError(f"--initial-cluster must include this member ({raw['name']}) when "
+                         "--initial-cluster-state is new")
+    election = _positive_int(raw["election_timeout_ms"], "--election-timeout-ms", 1000)
+    heartbeat = _positive_int(raw["heartbeat_ms"], "--heartbeat-ms", 100)
+    if election < 2 * heartbeat:
+        raise UsageError(f"--election-timeout-ms ({election}) must be at least twice "
+                         f"--heartbeat-ms ({heartbeat}); 10x is usual")
+    try:
+        text = raw["snapshot_policy"]
+        policy = SnapshotPolicy.parse(text) if text else SnapshotPolicy.default()
+    except ValueError as exc:
+        raise UsageError(f"--snapshot-policy: {exc}") from exc
+    restore_index = raw["restore_index"]
+    if restore_index is not None:
+        restore_index = _positive_int(restore_index, "--restore-index", 0)
+    return NodeConfig(
+        name=raw["name"],
+        data_dir=raw["data_dir"],
+        listen_peer=listen_peer,
+        listen_client=listen_client,
+        advertise_peer=advertise_peer.rstrip("/"),
+        advertise_client=advertise_client.rstrip("/"),
+        initial_cluster=initial,
+        initial_cluster_state=state,
+        cluster_id=raw["cluster_id"] or "flotilla",
+        election_timeout_ms=election,
+        heartbeat_ms=heartbeat,
+        snapshot_policy=policy,
+        archive=raw["archive"],
+        s3_endpoint=raw["s3_endpoint"],
+        s3_region=raw["s3_region"],
+        restore_from=raw["restore_from"],
+        restore_cluster_id=raw["restore_cluster_id"],
+        restore_index=restore_index,
+        admin_token=raw["admin_token"],
+        fsync=_bool(raw["fsync"], "--fsync"),
+        max_value_bytes=_positive_int(raw["max_value_bytes"], "--max-value-bytes",
+                                      DEFAULT_MAX_VALUE_BYTES),
+    )
+
+
+def _host_port(text: str, flag: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UsageError(f"{flag} must be HOST:PORT (for example 127.0.0.1:2380), not {text!r}")
+    return host.strip("[]"), int(port)
+
+
+def _url_host(addr: tuple[str, int]) -> str:
+    host = addr[0]
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"
+    return f"[{host}]:{addr[1]}" if ":" in host else f"{host}:{addr[1]}"
+
+
+def _check_url(url: str, flag: str) -> None:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise UsageError(f"{flag} must be an http(s) URL such as http://10.0.0.1:2380, "
+                         f"not {url!r}")
+
+
+def _initial_cluster(text: str | None) -> dict[str, str]:
+    if not text:
+        return {}
+    members: dict[str, str] = {}
+    for part in text.split(","):
+        name, sep, url = part.strip().partition("=")
+        if not sep or not name or not url:
+            raise UsageError(f"--initial-cluster entries must be NAME=URL (for example "
+                             f"n1=http://127.0.0.1:2380), not {part!r}")
+        _check_url(url, "--initial-cluster")
+        if name in members:
+            raise UsageError(f"--initial-cluster names {name} twice")
+        members[name] = url.rstrip("/")
+    return members
+
+
+def _positive_int(text: str | None, flag: str, default: int) -> int:
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise UsageError(f"{flag} must be a whole number, not {text!r}") from None
+    if value < 0 or (value == 0 and flag != "--restore-index"):
+        raise UsageError(f"{flag} must be positive, not {value}")
+    return value
+
+
+def _bool(text: str | None, flag: str) -> bool:
+    if text is None:
+        return True
+    value = text.strip().lower()
+    if value in ("true", "1", "yes"):
+        return True
+    if value in ("false", "0", "no"):
+        return False
+    raise UsageError(f"{flag} must be true or false, not {text!r}")

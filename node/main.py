@@ -1,0 +1,73 @@
+"""`flotilla node`: run one member until SIGTERM.
+
+Exit codes (the contract): 0 after a clean shutdown on SIGTERM/SIGINT (a leader hands
+leadership over first, within 5 s); 2 for bad flags, with a one-line reason; 3 for a data dir
+this member will not use (corruption, another cluster's data), naming the file and offset.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+from aiohttp import web
+from flotilla.node.storage import StorageError
+
+from . import config
+from .http_api import ClientAPI, peer_app
+from .server import NodeServer
+
+EXIT_OK, EXIT_USAGE, EXIT_DATA = 0, 2, 3
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        cfg = config.parse(argv)
+    except config.UsageError as exc:
+        print(f"flotilla node: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format=f"%(asctime)s {cfg.name} %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    node = NodeServer(cfg)
+    try:
+        node.open()
+    except (StorageError, OSError) as exc:
+        print(f"flotilla node: refusing to start: {exc}", file=sys.stderr)
+        return EXIT_DATA
+    try:
+        return asyncio.run(_serve(node))
+    except OSError as exc:
+        print(f"flotilla node: cannot listen: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+async def _serve(node: NodeServer) -> int:
+    cfg = node.cfg
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await node.start()
+    runners = []
+    for app, (host, port) in ((peer_app(node), cfg.listen_peer),
+                              (ClientAPI(node).app(), cfg.listen_client)):
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        await web.TCPSite(runner, host, port, reuse_address=True).start()
+        runners.append(runner)
+    logging.getLogger(__name__).info("serving peers on %s, clients on %s",
+                                     cfg.advertise_peer, cfg.advertise_client)
+    await stop.wait()
+    await node.stop()
+    for runner in runners:
+        await runner.cleanup()
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

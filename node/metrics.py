@@ -1,0 +1,84 @@
+"""Prometheus text exposition for one member, without a client library.
+
+Counters and gauges are plain attributes the runtime updates on its hot path (an attribute
+store, nothing more); rendering happens only when `/metrics` is scraped.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+FSYNC_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
+
+
+class Histogram:
+    def __init__(self, buckets: tuple[float, ...]) -> None:
+        self.buckets = buckets
+        self.counts = [0] * (len(buckets) + 1)
+        self.total = 0.0
+        self.n = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.buckets, value)] += 1
+        self.total += value
+        self.n += 1
+
+    def render(self, name: str, help_text: str) -> list[str]:
+        lines = [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
+        running = 0
+        for bound, count in zip(self.buckets, self.counts, strict=False):
+            running += count
+            lines.append(f'{name}_bucket{{le="{bound}"}} {running}')
+        lines.append(f'{name}_bucket{{le="+Inf"}} {self.n}')
+        lines.append(f"{name}_sum {self.total}")
+        lines.append(f"{name}_count {self.n}")
+        return lines
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.term = 0
+        self.is_leader = False
+        self.applied = 0
+        self.proposals = 0
+        self.snapshots_taken = 0
+        self.snapshots_sent = 0
+        self.snapshots_installed = {"archive": 0, "leader": 0}
+        self.fsync = Histogram(FSYNC_BUCKETS)
+
+    def observe_fsync(self, seconds: float) -> None:
+        self.fsync.observe(seconds)
+
+    def render(self, commit_index: int, role: str) -> str:
+        lines = [
+            "# HELP flotilla_term Current Raft term.",
+            "# TYPE flotilla_term gauge",
+            f"flotilla_term {self.term}",
+            "# HELP flotilla_is_leader 1 if this member leads.",
+            "# TYPE flotilla_is_leader gauge",
+            f"flotilla_is_leader {int(self.is_leader)}",
+            "# HELP flotilla_role Role of this member.",
+            "# TYPE flotilla_role gauge",
+            f'flotilla_role{{role="{role}"}} 1',
+            "# HELP flotilla_commit_index Highest index known committed.",
+            "# TYPE flotilla_commit_index gauge",
+            f"flotilla_commit_index {commit_index}",
+            "# HELP flotilla_applied_index Highest index applied to the state machine.",
+            "# TYPE flotilla_applied_index gauge",
+            f"flotilla_applied_index {self.applied}",
+            "# HELP flotilla_proposals_total Proposals this member accepted as leader.",
+            "# TYPE flotilla_proposals_total counter",
+            f"flotilla_proposals_total {self.proposals}",
+            "# HELP flotilla_snapshots_taken_total Snapshots this member wrote.",
+            "# TYPE flotilla_snapshots_taken_total counter",
+            f"flotilla_snapshots_taken_total {self.snapshots_taken}",
+            "# HELP flotilla_snapshots_sent_total Snapshots streamed by this member as leader.",
+            "# TYPE flotilla_snapshots_sent_total counter",
+            f"flotilla_snapshots_sent_total {self.snapshots_sent}",
+            "# HELP flotilla_snapshots_installed_total Snapshots installed, by source.",
+            "# TYPE flotilla_snapshots_installed_total counter",
+        ]
+        for source, count in sorted(self.snapshots_installed.items()):
+            lines.append(f'flotilla_snapshots_installed_total{{source="{source}"}} {count}')
+        lines += self.fsync.render("flotilla_fsync_seconds", "Duration of log fsyncs.")
+        return "\n".join(lines) + "\n"

@@ -1,0 +1,478 @@
+"""The member runtime: one asyncio task owns the consensus core and carries out its batches.
+
+Inputs (peer messages, proposals, reads, ticks) only queue and wake the loop; the loop steps
+them all into the core, then carries out each Ready in the order `Ready` documents:
+send the leader's messages at once, append and fsync (in a worker thread, one fsync for the
+whole batch: group commit), send the messages that needed the fsync, apply committed entries
+and answer their clients, answer reads, advance. Everything that arrives during an fsync is
+batched into the next one, so throughput grows with load instead of queueing behind the disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import random
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flotilla.node.consensus import (
+    Entry,
+    EntryKind,
+    Membership,
+    Message,
+    RaftCore,
+    Ready,
+    Role,
+    Settings,
+    SnapshotMeta,
+)
+from flotilla.node.statemachine.kv import KVStateMachine
+from flotilla.node.storage import DataDir, DiskStorage, SnapshotStore, StorageError
+
+from .config import NodeConfig
+from .metrics import Metrics
+from .transport import PeerTransport
+
+log = logging.getLogger(__name__)
+
+
+class Unavailable(Exception):
+    """The request cannot be served by this member now (no leader, leadership lost)."""
+
+
+@dataclass
+class _Proposal:
+    term: int
+    future: asyncio.Future
+
+
+class NodeServer:
+    def __init__(self, cfg: NodeConfig) -> None:
+        self.cfg = cfg
+        self.name = cfg.name
+        self.metrics = Metrics()
+        self._inbox: list[Message] = []
+        self._proposals: dict[int, _Proposal] = {}
+        self._read_ids = itertools.count(1)
+        self._reads: dict[int, asyncio.Future] = {}
+        self._reads_waiting_apply: list[tuple[int, asyncio.Future]] = []
+        self._apply_waiters: deque[tuple[int, asyncio.Future]] = deque()
+        self._wakeup = asyncio.Event()
+        self._stopping = False
+        self._tasks: list[asyncio.Task] = []
+        self._snapshotting = False
+        self._background: set[asyncio.Task] = set()
+        self._log_bytes_since_snapshot = 0
+        self._entries_since_snapshot = 0
+        self._last_snapshot_bytes = 0
+        self.applied = 0
+
+    # --- start-up -------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Open the data dir and recover; raises StorageError (exit 3) for data it won't use."""
+        cfg = self.cfg
+        self.datadir = DataDir.open(cfg.data_dir, cluster_id=cfg.cluster_id,
+                                    member_name=cfg.name, fsync=cfg.fsync)
+        self.storage = DiskStorage(cfg.data_dir, cluster_id=cfg.cluster_id, fsync=cfg.fsync)
+        self.snapshots = SnapshotStore(self.datadir.snapshot_dir, fsync=cfg.fsync)
+        recovered = self.storage.recover()
+        if self.datadir.created and cfg.initial_cluster_state == "new":
+            membership = Membership(voters=frozenset(cfg.initial_cluster),
+                                    addresses=tuple(sorted(cfg.initial_cluster.items())))
+            self.storage.install_snapshot(SnapshotMeta(0, 0, membership))
+            recovered = self.storage.recover()
+        self.sm = KVStateMachine()
+        latest = self.snapshots.latest()
+        if latest is not None:
+            if latest.meta.index > recovered.snapshot.index:
+                # A crash came between making the snapshot durable and moving the log past it.
+                self.storage.install_snapshot(latest.meta)
+                recovered = self.storage.recover()
+            with self.snapshots.open_payload(latest.path) as payload:
+                self.sm.restore(payload)
+            self._last_snapshot_bytes = latest.path.stat().st_size
+        elif recovered.snapshot.index > 0:
+            raise StorageError(
+                f"{cfg.data_dir}: the log starts after index {recovered.snapshot.index} but no "
+                "snapshot file covers it. Remove the data dir and re-add this member as a learner"
+            )
+        self.applied = recovered.snapshot.index
+        settings = Settings(
+            rng=random.Random(),  # a member's own timeouts need no reproducibility
+            election_ticks=cfg.election_ticks,
+            heartbeat_ticks=1,
+        )
+        self.core = RaftCore(cfg.name, settings, recovered)
+        self.transport = PeerTransport(
+            cfg.name, cfg.cluster_id, cfg.advertise_peer, cfg.advertise_client,
+            on_unreachable=self._peer_unreachable, on_snapshot_sent=self._snapshot_sent,
+            snapshot_source=self._snapshot_payload,
+        )
+        for name, url in cfg.initial_cluster.items():
+            self.transport.learn(name, peer_url=url)
+        self._learn_addresses(self.core.membership)
+        self.transport.learn(cfg.name, cfg.advertise_peer, cfg.advertise_client)
+
+    async def start(self) -> None:
+        await self.transport.start()
+        self._tasks = [asyncio.create_task(self._run()), asyncio.create_task(self._ticker())]
+
+    async def stop(self) -> None:
+        """Hand leadership over (within 5 s) if we lead, then stop."""
+        if self.core.role is Role.LEADER:
+            await self._hand_over_leadership(deadline=time.monotonic() + 5)
+        self._stopping = True
+        self._wakeup.set()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.transport.close()
+        self.storage.close()
+        for fut in list(self._reads.values()) + [p.future for p in self._proposals.values()]:
+            if not fut.done():
+                fut.set_exception(Unavailable("the member is shutting down"))
+
+    async def _hand_over_leadership(self, deadline: float) -> None:
+        voters = [n for n in self.core.membership.voters if n != self.name]
+        if not voters:
+            return
+        best = max(voters, key=lambda n: (self.core.progress.get(n).match
+                                          if n in self.core.progress else -1, n))
+        try:
+            self.core.transfer_leadership(best)
+        except Exception as exc:
+            log.warning("could not hand leadership to %s: %s", best, exc)
+            return
+        self._wakeup.set()
+        while time.monotonic() < deadline and self.core.role is Role.LEADER:
+            await asyncio.sleep(0.02)
+
+    # --- inputs ---------------------------------------------------------------------------
+
+    def deliver(self, messages: list[Message]) -> None:
+        self._inbox.extend(messages)
+        self._wakeup.set()
+
+    async def propose(self, command: bytes) -> Any:
+        """Commit `command` through the log and return the state machine's result."""
+        index = self.core.propose(command)  # raises NotLeader / TransferInProgress
+        fut = asyncio.get_running_loop().create_future()
+        self._proposals[index] = _Proposal(self.core.term, fut)
+        self.metrics.proposals += 1
+        self._wakeup.set()
+        return await fut
+
+    async def change_membership(self, voters, learners, addresses=None) -> int:
+        index = self.core.change_membership(voters, learners, addresses)
+        self._wakeup.set()
+        await self.wait_applied(index)
+        return index
+
+    async def wait_applied(self, index: int) -> None:
+        if self.applied >= index:
+            return
+        fut = asyncio.get_running_loop().create_future()
+        self._apply_waiters.append((index, fut))
+        await fut
+
+    async def read_barrier(self) -> int:
+        """Linearizable read (ReadIndex): returns once local state is at least as new as every
+        write acknowledged before the call; the answer reflects the returned applied index."""
+        read_id = next(self._read_ids)
+        fut = asyncio.get_running_loop().create_future()
+        self._reads[read_id] = fut
+        self.core.read_index(read_id)
+        self._wakeup.set()
+        try:
+            return await fut
+        finally:
+            self._reads.pop(read_id, None)
+
+    # --- the loop ------------------------------------------------------------------------
+
+    async def _ticker(self) -> None:
+        interval = self.cfg.heartbeat_ms / 1000
+        loop = asyncio.get_running_loop()
+        next_at = loop.time()
+        while not self._stopping:
+            next_at += interval
+            await asyncio.sleep(max(0.0, next_at - loop.time()))
+            self.core.tick()
+            self._wakeup.set()
+
+    async def _run(self) -> None:
+        core = self.core
+        while not self._stopping:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            try:
+                while True:
+                    if self._inbox:
+                        inbox, self._inbox = self._inbox, []
+                        for m in inbox:
+                            core.step(m)
+                    if not core.has_ready():
+                        break
+                    await self._carry_out(core.ready())
+            except StorageError:
+                log.exception("storage failed; this member stops to protect its data")
+                self._stopping = True
+                raise
+
+    async def _carry_out(self, rd: Ready) -> None:
+        core = self.core
+        if rd.messages:
+            self.transport.send(rd.messages)
+        storage = self.storage
+        if rd.snapshot is not None:
+            await self._install_snapshot(rd)
+        if rd.entries:
+            storage.append(rd.entries)
+            self._count_log_bytes(rd.entries)
+        if rd.hard_state is not None:
+            storage.save_hard_state(rd.hard_state)
+        if rd.entries:
+            started = time.perf_counter()
+            await asyncio.to_thread(storage.sync)
+            self.metrics.observe_fsync(time.perf_counter() - started)
+        if rd.persisted_messages:
+            self.transport.send(rd.persisted_messages)
+        if rd.soft_state is not None:
+            self._soft_state_changed(rd)
+        if rd.committed_entries:
+            self._apply(rd.committed_entries)
+        for rs in rd.read_states:
+            fut = self._reads.get(rs.context)
+            if fut is not None and not fut.done():
+                self._reads_waiting_apply.append((rs.index, fut))
+        for context in rd.failed_reads:
+            fut = self._reads.get(context)
+            if fut is not None and not fut.done():
+                fut.set_exception(Unavailable("no leader could confirm the read; retry"))
+        self._release_waiters()
+        core.advance(rd)
+        self._maybe_snapshot()
+
+    def _apply(self, entries: tuple[Entry, ...]) -> None:
+        sm = self.sm
+        proposals = self._proposals
+        for entry in entries:
+            result: Any = None
+            if entry.kind == EntryKind.NORMAL:
+                result = sm.apply(entry.index, entry.data)
+            elif entry.kind == EntryKind.MEMBERSHIP:
+                self._learn_addresses(Membership.decode(entry.data))
+            self.applied = entry.index
+            waiting = proposals.pop(entry.index, None) if proposals else None
+            if waiting is not None and not waiting.future.done():
+                if waiting.term == entry.term:
+                    waiting.future.set_result(result)
+                else:
+                    waiting.future.set_exception(
+                        Unavailable("leadership changed before the write committed; retry"))
+        self.metrics.applied = self.applied
+
+    def _release_waiters(self) -> None:
+        applied = self.applied
+        if self._reads_waiting_apply:
+            keep = []
+            for index, fut in self._reads_waiting_apply:
+                if index <= applied:
+                    if not fut.done():
+                        fut.set_result(applied)
+                else:
+                    keep.append((index, fut))
+            self._reads_waiting_apply = keep
+        waiters = self._apply_waiters
+        if waiters:
+            still = deque()
+            for index, fut in waiters:
+                if index <= applied:
+                    if not fut.done():
+                        fut.set_result(None)
+                else:
+                    still.append((index, fut))
+            self._apply_waiters = still
+
+    def _soft_state_changed(self, rd: Ready) -> None:
+        soft = rd.soft_state
+        self.metrics.term = soft.term
+        self.metrics.is_leader = soft.role is Role.LEADER
+        # Proposals taken while leading stay pending after a step-down: a later leader may
+        # still commit them, and they are answered when their index is applied.
+        log.info("%s is %s in term %d (leader %s)", self.name, soft.role.label, soft.term,
+                 soft.leader)
+
+    def _learn_addresses(self, membership: Membership) -> None:
+        for name, url in membership.addresses:
+            self.transport.learn(name, peer_url=url)
+
+    def _peer_unreachable(self, peer: str) -> None:
+        self.core.report_unreachable(peer)
+
+    # --- snapshots -----------------------------------------------------------------------
+
+    def _count_log_bytes(self, entries: tuple[Entry, ...]) -> None:
+        self._entries_since_snapshot += len(entries)
+        self._log_bytes_since_snapshot += sum(len(e.data) + 24 for e in entries)
+
+    def _maybe_snapshot(self) -> None:
+        if self._snapshotting or self.applied <= self.core.log.snapshot.index:
+            return
+        rule = self.cfg.snapshot_policy.should_snapshot(
+            self._log_bytes_since_snapshot, self._entries_since_snapshot,
+            self._last_snapshot_bytes)
+        if rule is not None:
+            self._snapshotting = True
+            task = asyncio.create_task(self.take_snapshot(reason=rule))
+            self._background.add(task)  # a task nobody references may be collected mid-run
+            task.add_done_callback(self._background.discard)
+
+    async def take_snapshot(self, reason: str = "requested") -> dict[str, Any]:
+        """Write a snapshot of the applied state without stopping applies, then compact."""
+        self._snapshotting = True
+        try:
+            index = self.applied
+            core = self.core
+            meta = SnapshotMeta(index, core.log.term(index), core.log.membership_at(index))
+            if index == core.log.snapshot.index and self.snapshots.latest() is not None:
+                latest = self.snapshots.latest()
+                return self._snapshot_doc(latest.meta, latest.path)
+            frozen = self.sm.freeze()
+            try:
+                writer = self.snapshots.begin(meta, self.sm.kind)
+                try:
+                    await asyncio.to_thread(frozen.write, writer)
+                    path = await asyncio.to_thread(writer.commit)
+                except BaseException:
+                    writer.abort()
+                    raise
+            finally:
+                frozen.release()
+            core.compact(index)
+            await asyncio.to_thread(self.storage.compact, index)
+            self._last_snapshot_bytes = path.stat().st_size
+            self._log_bytes_since_snapshot = 0
+            self._entries_since_snapshot = 0
+            self.metrics.snapshots_taken += 1
+            log.info("snapshot at %d (%d bytes, %s)", index, self._last_snapshot_bytes, reason)
+            return self._snapshot_doc(meta, path)
+        finally:
+            self._snapshotting = False
+
+    def _snapshot_doc(self, meta: SnapshotMeta, path: Path) -> dict[str, Any]:
+        return {"index": meta.index, "term": meta.term, "bytes": path.stat().st_size,
+                "location": path.resolve().as_uri()}
+
+    def _snapshot_payload(self, m: Message):
+        latest = self.snapshots.latest()
+        if latest is None or latest.meta.index != m.snapshot.meta.index:
+            return None
+        return self.snapshots.open_payload(latest.path)
+
+    def _snapshot_sent(self, peer: str, ok: bool) -> None:
+        self.core.report_snapshot(peer, ok)
+        if ok:
+            self.metrics.snapshots_sent += 1
+        self._wakeup.set()
+
+    async def receive_snapshot(self, m: Message, chunks) -> None:
+        """A leader streams us a snapshot: store it durably, then step the message."""
+        meta = m.snapshot.meta
+        writer = self.snapshots.begin(meta, self.sm.kind)
+        try:
+            async for chunk in chunks:
+                await asyncio.to_thread(writer.write, chunk)
+            path = await asyncio.to_thread(writer.commit)
+        except BaseException:
+            writer.abort()
+            raise
+        m.snapshot.data = path
+        self.deliver([m])
+
+    async def _install_snapshot(self, rd: Ready) -> None:
+        snap = rd.snapshot
+        path = snap.data
+        if not isinstance(path, Path):
+            raise StorageError("a snapshot to install arrived without its file")
+
+        def restore() -> KVStateMachine:
+            sm = KVStateMachine()
+            with self.snapshots.open_payload(path) as payload:
+                sm.restore(payload)
+            return sm
+
+        self.sm = await asyncio.to_thread(restore)
+        await asyncio.to_thread(self.storage.install_snapshot, snap.meta)
+        self.applied = snap.meta.index
+        self._learn_addresses(snap.meta.membership)
+        self._last_snapshot_bytes = path.stat().st_size
+        self._log_bytes_since_snapshot = 0
+        self._entries_since_snapshot = 0
+        self.metrics.snapshots_installed["leader"] += 1
+        for index in [i for i in self._proposals if i <= snap.meta.index]:
+            p = self._proposals.pop(index)
+            if not p.future.done():
+                p.future.set_exception(Unavailable("superseded by a snapshot; retry"))
+        log.info("installed snapshot %d from the leader", snap.meta.index)
+
+    # --- status ----------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        core = self.core
+        log_ = core.log
+        membership = core.membership
+        role = core.role.label
+        if self.name in membership.learners:
+            role = "learner"
+        members = {}
+        for name in sorted(membership.members()):
+            if name in membership.learners:
+                member_role = "learner"
+            elif name == core.leader:
+                member_role = "leader"
+            else:
+                member_role = "follower"
+            pr = core.progress.get(name)
+            members[name] = {
+                "peer_url": self.transport.peer_urls.get(name),
+                "client_url": self.transport.client_urls.get(name),
+                "role": member_role,
+                "match_index": pr.match if pr is not None else None,
+            }
+        latest = self.snapshots.latest()
+        return {
+            "name": self.name,
+            "cluster_id": self.cfg.cluster_id,
+            "role": role,
+            "term": core.term,
+            "leader": core.leader,
+            "commit_index": log_.committed,
+            "applied_index": self.applied,
+            "first_index": log_.first_index(),
+            "last_index": log_.last_index(),
+            "snapshot": {
+                "index": log_.snapshot.index,
+                "term": log_.snapshot.term,
+                "bytes": latest.path.stat().st_size if latest is not None else 0,
+            },
+            "config": membership.describe(),
+            "members": members,
+            "archive": {"url": self.cfg.archive, "last_snapshot_index": None,
+                        "last_archived_index": None, "error": None},
+        }
+
+    def ready(self) -> bool:
+        """Knows a leader and has applied what it knew to be committed."""
+        return self.core.leader is not None and self.applied >= self.core.log.committed
+
+    def leader_client_url(self) -> str | None:
+        leader = self.core.leader
+        return self.transport.client_urls.get(leader) if leader else None
+

@@ -1,0 +1,119 @@
+"""The peer wire format: Raft messages as msgpack arrays.
+
+A batch is one HTTP body: `[version, cluster_id, sender, sender_peer_url, sender_client_url,
+[message, ...]]`. A message is a flat array in `Message` field order, entries as
+`[index, term, kind, data]` and a snapshot as `[index, term, membership]`; the snapshot's
+payload never rides here (it is streamed on its own). Decoding checks every field's type, so
+garbage on the peer port becomes a `WireError`, never a crash.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+from flotilla.node.consensus import Entry, Membership, Message, MessageType, Snapshot, SnapshotMeta
+
+VERSION = 1
+_TYPES = {int(t): t for t in MessageType}
+
+
+class WireError(ValueError):
+    pass
+
+
+def encode_batch(
+    cluster_id: str, sender: str, peer_url: str, client_url: str, messages: list[Message]
+) -> bytes:
+    return msgpack.packb(
+        [VERSION, cluster_id, sender, peer_url, client_url, [_encode(m) for m in messages]],
+        use_bin_type=True,
+    )
+
+
+def _encode(m: Message) -> list[Any]:
+    snap = None
+    if m.snapshot is not None:
+        meta = m.snapshot.meta
+        snap = [meta.index, meta.term, meta.membership.encode()]
+    return [
+        int(m.type), m.to, m.frm, m.term, m.log_term, m.index,
+        [[e.index, e.term, int(e.kind), e.data] for e in m.entries],
+        m.commit, m.reject, m.hint_index, m.hint_term, snap, m.context, m.force,
+    ]
+
+
+class Batch:
+    __slots__ = ("client_url", "cluster_id", "messages", "peer_url", "sender")
+
+    def __init__(self, cluster_id: str, sender: str, peer_url: str, client_url: str,
+                 messages: list[Message]) -> None:
+        self.cluster_id = cluster_id
+        self.sender = sender
+        self.peer_url = peer_url
+        self.client_url = client_url
+        self.messages = messages
+
+
+def decode_batch(body: bytes) -> Batch:
+    try:
+        doc = msgpack.unpackb(body, raw=False, use_list=True, strict_map_key=True)
+    except Exception as exc:
+        raise WireError(f"not a msgpack peer batch: {exc}") from exc
+    if not isinstance(doc, list) or len(doc) != 6 or doc[0] != VERSION:
+        raise WireError(f"not a version {VERSION} peer batch")
+    _, cluster_id, sender, peer_url, client_url, raw = doc
+    if not all(isinstance(x, str) for x in (cluster_id, sender, peer_url, client_url)):
+        raise WireError("batch header fields must be strings")
+    if not isinstance(raw, list):
+        raise WireError("batch messages must be a list")
+    messages = []
+    for item in raw:
+        m = _decode(item)
+        if m.frm != sender:
+            raise WireError(f"message from {m.frm!r} inside a batch from {sender!r}")
+        messages.append(m)
+    return Batch(cluster_id, sender, peer_url, client_url, messages)
+
+
+def _int(x: Any, what: str) -> int:
+    if type(x) is not int or x < 0:
+        raise WireError(f"{what} must be a non-negative integer")
+    return x
+
+
+def _decode(item: Any) -> Message:
+    if not isinstance(item, list) or len(item) != 14:
+        raise WireError("a message must be an array of 14 fields")
+    (kind, to, frm, term, log_term, index, entries, commit, reject, hint_index, hint_term,
+     snap, context, force) = item
+    mtype = _TYPES.get(kind) if type(kind) is int else None
+    if mtype is None:
+        raise WireError(f"unknown message type {kind!r}")
+    if not isinstance(to, str) or not isinstance(frm, str):
+        raise WireError("message endpoints must be strings")
+    if not isinstance(entries, list):
+        raise WireError("entries must be a list")
+    decoded = []
+    for e in entries:
+        if (not isinstance(e, list) or len(e) != 4 or type(e[0]) is not int
+                or type(e[1]) is not int or type(e[2]) is not int or type(e[3]) is not bytes):
+            raise WireError("an entry must be [index, term, kind, bytes]")
+        decoded.append(Entry(e[0], e[1], e[2], e[3]))
+    snapshot = None
+    if snap is not None:
+        if not isinstance(snap, list) or len(snap) != 3 or type(snap[2]) is not bytes:
+            raise WireError("a snapshot must be [index, term, membership]")
+        try:
+            membership = Membership.decode(snap[2])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise WireError(f"bad snapshot membership: {exc}") from exc
+        snapshot = Snapshot(SnapshotMeta(_int(snap[0], "snapshot index"),
+                                         _int(snap[1], "snapshot term"), membership))
+    if context is not None and not isinstance(context, (int, str)):
+        raise WireError("context must be an integer, a string or nil")
+    return Message(
+        mtype, to, frm, _int(term, "term"), _int(log_term, "log term"), _int(index, "index"),
+        decoded, _int(commit, "commit"), bool(reject), _int(hint_index, "hint index"),
+        _int(hint_term, "hint term"), snapshot, context, bool(force),
+    )
