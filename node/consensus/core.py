@@ -468,12 +468,18 @@ class RaftCore:
         log = self.log
         hard = HardState(self.term, self.vote)
         soft = self._soft_state()
+        messages, persisted = self._msgs, self._persisted_msgs
+        if hard != self._last_hard_state and messages:
+            # Nothing may speak for a term before that term is durable: a leader that crashed
+            # before persisting it could win the same term again and reuse (index, term) pairs
+            # a follower already holds (a single voter wins before anyone hears from it).
+            messages, persisted = [], messages + persisted
         rd = Ready(
             hard_state=hard if hard != self._last_hard_state else None,
             snapshot=log.pending_snapshot,
             entries=log.unsent_entries(),
-            messages=tuple(self._msgs),
-            persisted_messages=tuple(self._persisted_msgs),
+            messages=tuple(messages),
+            persisted_messages=tuple(persisted),
             committed_entries=log.committed_to_hand(self.settings.max_apply_batch),
             read_states=tuple(self._read_states),
             failed_reads=tuple(self._failed_reads),

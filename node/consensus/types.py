@@ -199,7 +199,8 @@ class Ready:
        replaces it and everything after it. Then `hard_state`: write it atomically. One fsync
        may cover all three (group commit), but all three must be durable before step 3.
     2. `messages` may be sent at once, even while step 1 is in progress (they are a leader's
-       appends and heartbeats, whose safety does not rest on the leader's own disk).
+       appends and heartbeats, whose safety does not rest on the leader's own disk). A batch
+       whose `hard_state` changed has none: no message may speak for an undurable term.
     3. `persisted_messages` may be sent only after step 1 is durable (votes, acknowledgements).
     4. `committed_entries`: apply them in order, after step 1 (some may be in `entries`).
     5. `read_states`: answer each once the applied index reaches its `index`; the reads in

@@ -1,0 +1,375 @@
+"""A tiny deterministic network of consensus cores for the paper's unit tests.
+
+Nothing here is random except the seeded `random.Random` each member gets in its `Settings`.
+Messages travel through one FIFO queue and arrive only when a test asks (`deliver`,
+`stabilize`); the test decides what is lost (`drop`, `isolate`, `cut`) and what waits
+(`hold` / `release`). Each member carries out its `Ready` batches exactly as the field comments
+of `Ready` prescribe:
+
+1. `messages` go out at once;
+2. the snapshot, the entries and the hard state are written to the member's `Disk`;
+3. only then do `persisted_messages` go out;
+4. committed entries are applied, in order, to the member's `applied` list;
+5. read states and failed reads are recorded;
+6. `advance(ready)`.
+
+A member whose disk is `slow` stops after step 1 until the test calls `flush`, so tests can
+see what the core does while a write is still in flight. Every step is also written to the
+member's `events`, so a test can check that something was durable before something was sent.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from flotilla.node.consensus import (
+    EMPTY_MEMBERSHIP,
+    Entry,
+    EntryKind,
+    HardState,
+    Membership,
+    Message,
+    MessageType,
+    RaftCore,
+    ReadState,
+    Ready,
+    RecoveredState,
+    Role,
+    Settings,
+    Snapshot,
+    SnapshotMeta,
+)
+
+MT = MessageType
+Filter = Callable[[Message], bool]
+
+
+def log_of(terms: Iterable[int], first_index: int = 1) -> list[Entry]:
+    """Entries numbered from `first_index` with the given terms (the paper's figures)."""
+    return [
+        Entry(first_index + i, term, EntryKind.NORMAL, f"{first_index + i}@{term}".encode())
+        for i, term in enumerate(terms)
+    ]
+
+
+@dataclass
+class Disk:
+    """What a member has made durable: only what a carried-out Ready wrote."""
+
+    hard_state: HardState = field(default_factory=HardState)
+    snapshot: SnapshotMeta = field(default_factory=lambda: SnapshotMeta(0, 0, EMPTY_MEMBERSHIP))
+    snapshot_data: tuple[Entry, ...] = ()  # the state machine at the snapshot: applied entries
+    entries: list[Entry] = field(default_factory=list)  # contiguous from snapshot.index + 1
+
+    def terms(self) -> list[int]:
+        return [e.term for e in self.entries]
+
+    def write_entries(self, entries: tuple[Entry, ...]) -> None:
+        """An entry whose index is already stored replaces it and everything after it."""
+        first = entries[0].index
+        base = self.snapshot.index
+        assert base < first <= base + len(self.entries) + 1, (
+            f"entry {first} does not fit a disk holding {base + 1}..{base + len(self.entries)}"
+        )
+        del self.entries[first - base - 1 :]
+        self.entries.extend(entries)
+
+    def install(self, snapshot: Snapshot) -> None:
+        """The log before the snapshot is discarded; so is a tail that does not continue it."""
+        meta = snapshot.meta
+        pos = meta.index - self.snapshot.index - 1
+        if 0 <= pos < len(self.entries) and self.entries[pos].term == meta.term:
+            self.entries = self.entries[pos + 1 :]
+        else:
+            self.entries = []
+        self.snapshot = meta
+        self.snapshot_data = tuple(snapshot.data)
+
+
+@dataclass
+class Member:
+    """One member: its core, its disk, its state machine and a record of what it did."""
+
+    name: str
+    core: RaftCore
+    disk: Disk
+    settings: Settings
+    applied: list[Entry] = field(default_factory=list)  # the state machine: entries in order
+    read_states: list[ReadState] = field(default_factory=list)
+    failed_reads: list[Any] = field(default_factory=list)
+    readies: list[Ready] = field(default_factory=list)  # every batch taken, in order
+    events: list[tuple[str, Any]] = field(default_factory=list)
+    slow_disk: bool = False
+    pending: Ready | None = None  # taken, messages sent, not yet durable (slow disk)
+
+    @property
+    def role(self) -> Role:
+        return self.core.role
+
+    @property
+    def term(self) -> int:
+        return self.core.term
+
+    def log_terms(self) -> list[int]:
+        """Terms of the entries in the core's log, from its first index on."""
+        return [e.term for e in self.core.log.entries]
+
+    def applied_index(self) -> int:
+        return self.applied[-1].index if self.applied else 0
+
+
+class Network:
+    """N cores wired together by a deterministic, test-controlled message queue."""
+
+    def __init__(
+        self,
+        voters: Iterable[str],
+        *,
+        learners: Iterable[str] = (),
+        joining: Iterable[str] = (),
+        recovered: dict[str, RecoveredState] | None = None,
+        **settings: Any,
+    ) -> None:
+        """`voters` and `learners` form the initial configuration; members in `joining` start
+        empty (no membership) like a member added to a running cluster. `recovered` replaces
+        the bootstrap state of some members (e.g. the divergent logs of Figure 7); `settings`
+        overrides `Settings` fields for everyone."""
+        voters, learners, joining = list(voters), list(learners), list(joining)
+        initial = Membership(voters=frozenset(voters), learners=frozenset(learners))
+        self.members: dict[str, Member] = {}
+        self.queue: list[Message] = []
+        self.held: list[Message] = []
+        self.sent: list[Message] = []
+        self.delivered: list[Message] = []
+        self.dropped: list[Message] = []
+        self._drop_rules: list[Filter] = []
+        self._hold_rules: list[Filter] = []
+        recovered = recovered or {}
+        for i, name in enumerate(voters + learners + joining):
+            if name in recovered:
+                state = recovered[name]
+            elif name in joining:
+                state = RecoveredState()
+            else:
+                state = RecoveredState(snapshot=SnapshotMeta(0, 0, initial))
+            disk = Disk(state.hard_state, state.snapshot, (), list(state.entries))
+            settings_i = Settings(rng=random.Random(i), **settings)
+            core = RaftCore(name, settings_i, _recovered(disk))
+            self.members[name] = Member(name, core, disk, settings_i)
+
+    # --- looking -----------------------------------------------------------------------
+
+    def __getitem__(self, name: str) -> Member:
+        return self.members[name]
+
+    def core(self, name: str) -> RaftCore:
+        return self.members[name].core
+
+    def leaders(self) -> list[str]:
+        return [n for n, m in self.members.items() if m.core.role is Role.LEADER]
+
+    def sent_of(self, kind: MessageType, frm: str | None = None, to: str | None = None
+                ) -> list[Message]:
+        return [m for m in self.sent if m.type is kind and (frm is None or m.frm == frm)
+                and (to is None or m.to == to)]
+
+    # --- faults --------------------------------------------------------------------------
+
+    def drop(self, rule: Filter) -> Filter:
+        """Lose every message matching `rule` from now on (until `heal`)."""
+        self._drop_rules.append(rule)
+        return rule
+
+    def isolate(self, *names: str) -> None:
+        """Cut the named members off from everyone else (they still hear each other)."""
+        group = set(names)
+        self.drop(lambda m: (m.frm in group) != (m.to in group))
+
+    def cut(self, a: str, b: str) -> None:
+        self.drop(lambda m: {m.frm, m.to} == {a, b})
+
+    def heal(self) -> None:
+        self._drop_rules.clear()
+
+    def hold(self, rule: Filter) -> Filter:
+        """Park messages matching `rule` instead of delivering them, until `release`."""
+        self._hold_rules.append(rule)
+        return rule
+
+    def release(self) -> None:
+        self._hold_rules.clear()
+        self.queue.extend(self.held)
+        self.held.clear()
+
+    def deliver_held(self, rule: Filter) -> list[Message]:
+        """Deliver the parked messages matching `rule` now (the others stay parked)."""
+        chosen = [m for m in self.held if rule(m)]
+        self.held = [m for m in self.held if not rule(m)]
+        for m in chosen:
+            self.delivered.append(m)
+            self.members[m.to].core.step(m)
+        return chosen
+
+    def clear_queue(self) -> None:
+        """Everything in flight is lost (and what is parked too)."""
+        self.dropped.extend(self.queue + self.held)
+        self.queue.clear()
+        self.held.clear()
+
+    # --- carrying out Ready batches ----------------------------------------------------
+
+    def process(self, name: str) -> Ready | None:
+        """Take and carry out one Ready of `name`, if it has one and its disk is idle."""
+        member = self.members[name]
+        core = member.core
+        if member.pending is not None or not core.has_ready():
+            return None
+        rd = core.ready()
+        member.readies.append(rd)
+        for m in rd.messages:
+            self._send(member, m)
+        member.pending = rd
+        if not member.slow_disk:
+            self.flush(name)
+        return rd
+
+    def flush(self, name: str) -> None:
+        """The slow disk of `name` finishes its write: steps 1 and 3-6 of the pending Ready."""
+        member = self.members[name]
+        rd, member.pending = member.pending, None
+        if rd is None:
+            return
+        disk = member.disk
+        if rd.snapshot is not None:
+            disk.install(rd.snapshot)
+            member.applied = list(rd.snapshot.data)
+            member.events.append(("persist-snapshot", rd.snapshot.meta))
+        if rd.entries:
+            disk.write_entries(rd.entries)
+            member.events.append(("persist-entries", rd.entries))
+        if rd.hard_state is not None:
+            disk.hard_state = rd.hard_state
+            member.events.append(("persist-hard-state", rd.hard_state))
+        for m in rd.persisted_messages:
+            self._send(member, m)
+        for entry in rd.committed_entries:
+            assert entry.index == member.applied_index() + 1, (
+                f"{name} applied {entry.index} after {member.applied_index()}: out of order"
+            )
+            member.applied.append(entry)
+            member.events.append(("apply", entry))
+        member.read_states.extend(rd.read_states)
+        member.failed_reads.extend(rd.failed_reads)
+        member.core.advance(rd)
+
+    def process_all(self) -> bool:
+        """Carry out one Ready of every member that has one; tell whether any did."""
+        done = [self.process(name) for name in self.members]
+        return any(rd is not None for rd in done)
+
+    def _send(self, member: Member, m: Message) -> None:
+        member.events.append(("send", m))
+        if m.type is MT.SNAPSHOT and m.snapshot is not None and m.snapshot.data is None:
+            # The runtime attaches the payload: the sender's durable snapshot at that index.
+            meta = m.snapshot.meta
+            assert member.disk.snapshot.index == meta.index, "snapshot sent before it is durable"
+            m = Message(m.type, m.to, m.frm, m.term,
+                        snapshot=Snapshot(meta, member.disk.snapshot_data))
+        self.sent.append(m)
+        self.queue.append(m)
+
+    # --- delivering ----------------------------------------------------------------------
+
+    def deliver(self, rule: Filter | None = None) -> list[Message]:
+        """Deliver the messages in flight now (those matching `rule`, if given), in order.
+        Messages sent while delivering wait for the next call."""
+        batch, keep = [], []
+        for m in self.queue:
+            (batch if rule is None or rule(m) else keep).append(m)
+        self.queue = keep
+        done = []
+        for m in batch:
+            if any(r(m) for r in self._drop_rules) or m.to not in self.members:
+                self._lose(m)
+            elif any(r(m) for r in self._hold_rules):
+                self.held.append(m)
+            else:
+                self.delivered.append(m)
+                self.members[m.to].core.step(m)
+                done.append(m)
+        return done
+
+    def _lose(self, m: Message) -> None:
+        self.dropped.append(m)
+        if m.type is MT.SNAPSHOT and m.frm in self.members:
+            self.members[m.frm].core.report_snapshot(m.to, False)
+
+    def step(self, m: Message) -> Ready | None:
+        """Hand one hand-made message straight to its recipient and carry out the result."""
+        self.members[m.to].core.step(m)
+        return self.process(m.to)
+
+    def stabilize(self, limit: int = 10_000) -> None:
+        """Carry out batches and deliver messages until nothing is left to do."""
+        for _ in range(limit):
+            busy = self.process_all()
+            if not self.queue and not busy:
+                return
+            self.deliver()
+        raise AssertionError("the network did not settle")
+
+    # --- driving -------------------------------------------------------------------------
+
+    def tick(self, *names: str, times: int = 1) -> None:
+        """Tick the named members (everyone if none is named), settling after each tick."""
+        for _ in range(times):
+            for name in names or tuple(self.members):
+                self.members[name].core.tick()
+            self.stabilize()
+
+    def campaign(self, name: str) -> None:
+        self.members[name].core.campaign()
+        self.stabilize()
+
+    def elect(self, name: str) -> None:
+        self.campaign(name)
+        assert self.members[name].role is Role.LEADER, f"{name} did not win the election"
+
+    def propose(self, name: str, data: bytes) -> int:
+        index = self.members[name].core.propose(data)
+        self.stabilize()
+        return index
+
+    def compact(self, name: str, index: int, keep: int = 0) -> SnapshotMeta:
+        """`name` snapshots its state machine at `index` (durably) and compacts its log."""
+        member = self.members[name]
+        meta = member.core.compact(index, keep)
+        disk = member.disk
+        disk.snapshot_data = tuple(member.applied[:index])
+        disk.entries = [e for e in disk.entries if e.index > index]
+        disk.snapshot = meta
+        return meta
+
+    def restart(self, name: str) -> RaftCore:
+        """Crash `name` (losing a write in progress and its volatile state) and start it again
+        from its disk."""
+        member = self.members[name]
+        member.pending = None
+        member.core = RaftCore(name, member.settings, _recovered(member.disk))
+        member.applied = list(member.disk.snapshot_data)
+        return member.core
+
+
+def _recovered(disk: Disk) -> RecoveredState:
+    return RecoveredState(disk.hard_state, disk.snapshot, list(disk.entries))
+
+
+def recovered(terms: Iterable[int], term: int, voters: Iterable[str], vote: str | None = None,
+              learners: Iterable[str] = ()) -> RecoveredState:
+    """A member restarting with a log whose entries have `terms` (from index 1) and a hard state
+    of `term`/`vote`, in a cluster of `voters`."""
+    membership = Membership(voters=frozenset(voters), learners=frozenset(learners))
+    return RecoveredState(HardState(term, vote), SnapshotMeta(0, 0, membership), log_of(terms))

@@ -1,0 +1,95 @@
+"""`flotilla node` exit codes: 2 for bad flags (one line), 3 for a data dir it will not use."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flotilla.node.consensus import Entry, Membership, SnapshotMeta
+from flotilla.node.storage import DataDir, DiskStorage
+
+
+def run_node(*args: str, timeout: float = 20) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "flotilla.node", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+BASE = ["--listen-peer", "127.0.0.1:1", "--listen-client", "127.0.0.1:2"]
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--data-dir", "/tmp/x", *BASE], "--name is required"),
+        (["--name", "n1", "--data-dir", "/tmp/x", "--listen-peer", "nope",
+          "--listen-client", "127.0.0.1:2"], "--listen-peer must be HOST:PORT"),
+        (["--name", "n1", "--data-dir", "/tmp/x", *BASE, "--initial-cluster", "n2"],
+         "--initial-cluster entries must be NAME=URL"),
+        (["--name", "n1", "--data-dir", "/tmp/x", *BASE, "--initial-cluster",
+          "n2=http://127.0.0.1:5"], "must include this member (n1)"),
+        (["--name", "n1", "--data-dir", "/tmp/x", *BASE, "--snapshot-policy", "ratio=abc"],
+         "--snapshot-policy"),
+        (["--name", "n1", "--data-dir", "/tmp/x", *BASE, "--fsync", "maybe"],
+         "--fsync must be true or false"),
+        (["--name", "n1", "--data-dir", "/tmp/x", *BASE, "--election-timeout-ms", "100"],
+         "at least twice --heartbeat-ms"),
+        (["--name", "n1", "--data-dir", "/tmp/x", *BASE, "--no-such-flag"],
+         "unrecognized arguments"),
+    ],
+)
+def test_bad_flags_exit_2_with_one_line_reason(args, says):
+    result = run_node(*args)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert says in lines[0]
+
+
+def test_environment_supplies_flags_and_a_flag_beats_it(tmp_path):
+    from flotilla.node import config
+
+    cfg = config.parse(["--name", "from-flag"], env={
+        "FLOTILLA_NAME": "from-env", "FLOTILLA_DATA_DIR": str(tmp_path),
+        "FLOTILLA_LISTEN_PEER": "127.0.0.1:7001", "FLOTILLA_LISTEN_CLIENT": "127.0.0.1:7002",
+        "FLOTILLA_HEARTBEAT_MS": "50"})
+    assert cfg.name == "from-flag"
+    assert cfg.data_dir == str(tmp_path)
+    assert cfg.heartbeat_ms == 50
+    assert cfg.advertise_client == "http://127.0.0.1:7002"
+
+
+def _log_with_sealed_segment(path: Path, cluster_id: str) -> Path:
+    DataDir.open(path, cluster_id=cluster_id, member_name="n1")
+    storage = DiskStorage(path, cluster_id=cluster_id, segment_bytes=4096)
+    storage.install_snapshot(SnapshotMeta(0, 0, Membership(voters=frozenset({"n1"}))))
+    storage.append([Entry(i, 1, 0, b"x" * 200) for i in range(1, 60)])
+    storage.sync()
+    storage.close()
+    segments = sorted((path / "wal").glob("*.seg"))
+    assert len(segments) > 2, "the test needs at least one sealed segment"
+    return segments[0]
+
+
+def test_a_bit_flip_in_a_sealed_segment_exits_3_naming_file_and_offset(tmp_path):
+    data = tmp_path / "n1"
+    sealed = _log_with_sealed_segment(data, "c1")
+    raw = bytearray(sealed.read_bytes())
+    offset = len(raw) // 2
+    raw[offset] ^= 0x10
+    sealed.chmod(0o644)
+    sealed.write_bytes(bytes(raw))
+    result = run_node("--name", "n1", "--data-dir", str(data), "--cluster-id", "c1", *BASE)
+    assert result.returncode == 3, result.stderr
+    assert sealed.name in result.stderr
+    assert "offset" in result.stderr
+
+
+def test_another_clusters_data_dir_exits_3(tmp_path):
+    data = tmp_path / "n1"
+    _log_with_sealed_segment(data, "c1")
+    result = run_node("--name", "n1", "--data-dir", str(data), "--cluster-id", "c2", *BASE)
+    assert result.returncode == 3, result.stderr
+    assert "belongs to cluster 'c1'" in result.stderr
