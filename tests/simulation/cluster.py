@@ -138,8 +138,8 @@ class SimNode:
             rng=random.Random(self.sim.rng.random()),
             election_ticks=self.sim.election_ticks,
             heartbeat_ticks=self.sim.heartbeat_ticks,
-            max_inflight=self.sim.rng.choice([2, 8, 64]),
-            max_entries_per_message=self.sim.rng.choice([4, 16, 256]),
+            max_inflight=self.sim.rng.choice([1, 2, 8, 64]),
+            max_entries_per_message=self.sim.rng.choice([1, 4, 16, 256]),
         )
         self.core = RaftCore(self.name, settings, recovered)
         self.sm = d.snapshot_data.copy()
