@@ -616,7 +616,20 @@ class RaftCore:
             self.progress[name] = pr
 
     def _promotable(self) -> bool:
-        return self.membership.can_vote(self.name) and self.log.pending_snapshot is None
+        """Whether this member may start an election.
+
+        A voter of its newest configuration may; so may a voter of the configuration as of its
+        commit index, even if a newer, uncommitted one leaves it out: otherwise a leader that
+        appended C_new without itself and then lost leadership could deadlock the cluster (the
+        new voters need its vote while joint, it refuses them for their shorter logs, and it
+        never campaigns). Votes are still counted under the newest configuration, and once a
+        configuration without this member commits, it stops campaigning for good.
+        """
+        if self.log.pending_snapshot is not None:
+            return False
+        log = self.log
+        return self.membership.can_vote(self.name) or log.membership_at(log.committed).can_vote(
+            self.name)
 
     def _in_lease(self) -> bool:
         return (

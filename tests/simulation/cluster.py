@@ -138,7 +138,7 @@ class SimNode:
             rng=random.Random(self.sim.rng.random()),
             election_ticks=self.sim.election_ticks,
             heartbeat_ticks=self.sim.heartbeat_ticks,
-            max_inflight=self.sim.rng.choice([1, 2, 8, 64]),
+            max_inflight=self.sim.rng.choice([2, 8, 64]),
             max_entries_per_message=self.sim.rng.choice([1, 4, 16, 256]),
         )
         self.core = RaftCore(self.name, settings, recovered)
@@ -180,6 +180,7 @@ class ClientWrite:
     node: str | None = None
     index: int = 0
     term: int = 0
+    incarnation: int = 0  # a crash drops the client's connection, even if the term repeats
     deadline: int = 0
     acked: bool = False
 
@@ -399,7 +400,7 @@ class Simulation:
             w.index = leader.core.propose(w.data)
         except ProposalError:
             return
-        w.node, w.term = leader.name, leader.core.term
+        w.node, w.term, w.incarnation = leader.name, leader.core.term, leader.incarnation
         self.kick(leader)
 
     def retry_writes(self) -> None:
@@ -409,7 +410,8 @@ class Simulation:
             if w.acked or self.now < w.deadline:
                 continue
             node = self.nodes.get(w.node) if w.node else None
-            if node and node.alive and node.core.role is Role.LEADER and node.core.term == w.term:
+            if (node and node.alive and node.incarnation == w.incarnation
+                    and node.core.role is Role.LEADER and node.core.term == w.term):
                 continue
             self.submit(w)
 
@@ -418,7 +420,8 @@ class Simulation:
             return
         _, seq, _, _ = decode_write(entry.data)
         w = self.writes[seq - 1]
-        if not w.acked and w.node == node.name and w.index == entry.index:
+        if (not w.acked and w.node == node.name and w.incarnation == node.incarnation
+                and w.index == entry.index):
             w.acked = True  # the member that took it saw it commit and answered the client
             self.checker.on_ack(w)
 
