@@ -24,3 +24,6 @@ lint: setup
 
 bench: setup
 	$(PY) bench/core_bench.py
+
+demo: setup
+	$(PY) -m flotilla.demo

@@ -134,12 +134,17 @@ class SimNode:
         self.alive = True
         d = self.disk
         recovered = RecoveredState(d.hard_state, d.snapshot, list(d.entries))
+        rng = self.sim.rng
+        per_message = rng.choice([1, 4, 16, 256])
+        # One entry per message makes old-term commits observable; give it a wide window so a
+        # long backlog still drains within the healing bound.
+        window = 64 if per_message == 1 else rng.choice([2, 8, 64])
         settings = Settings(
-            rng=random.Random(self.sim.rng.random()),
+            rng=random.Random(rng.random()),
             election_ticks=self.sim.election_ticks,
             heartbeat_ticks=self.sim.heartbeat_ticks,
-            max_inflight=self.sim.rng.choice([2, 8, 64]),
-            max_entries_per_message=self.sim.rng.choice([1, 4, 16, 256]),
+            max_inflight=window,
+            max_entries_per_message=per_message,
         )
         self.core = RaftCore(self.name, settings, recovered)
         self.sm = d.snapshot_data.copy()
