@@ -120,3 +120,22 @@ class EntryLog:
                 membership = Membership.decode(entry.data)
                 break
         return SnapshotMeta(index=index, term=self.term(index), membership=membership)
+
+
+class EntryLogReads:
+    """The read side of `LogStorage`, the same for every backend that keeps its entries in an
+    `EntryLog` named `_log` (both do: see wal.py for why the disk log does too)."""
+
+    _log: EntryLog
+
+    def first_index(self) -> int:
+        return self._log.first_index()
+
+    def last_index(self) -> int:
+        return self._log.last_index()
+
+    def term(self, index: int) -> int:
+        return self._log.term(index)
+
+    def entries(self, lo: int, hi: int) -> list[Entry]:
+        return self._log.entries(lo, hi)

@@ -17,10 +17,10 @@ from flotilla.node.consensus.types import (
     SnapshotMeta,
 )
 
-from .entrylog import EntryLog
+from .entrylog import EntryLog, EntryLogReads
 
 
-class MemoryStorage:
+class MemoryStorage(EntryLogReads):
     """A `LogStorage` in memory, with a crash model.
 
     Invariant: the durable log is always a prefix of the current one, `_log.entries` up to
@@ -104,18 +104,6 @@ class MemoryStorage:
         if index > self._snapshot.index:
             self._snapshot = self._log.snapshot_at(index, self._snapshot)
         self._log.drop_through(min(index - self.keep_trailing_entries, self._snapshot.index))
-
-    def first_index(self) -> int:
-        return self._log.first_index()
-
-    def last_index(self) -> int:
-        return self._log.last_index()
-
-    def term(self, index: int) -> int:
-        return self._log.term(index)
-
-    def entries(self, lo: int, hi: int) -> list[Entry]:
-        return self._log.entries(lo, hi)
 
     def close(self) -> None:
         self._closed = True

@@ -51,7 +51,7 @@ from pathlib import Path
 
 from flotilla.node.consensus.types import Entry, HardState, RecoveredState, SnapshotMeta
 
-from .entrylog import EntryLog
+from .entrylog import EntryLog, EntryLogReads
 from .errors import CorruptDataError, StorageFailedError
 from .fsutil import (
     TEMP_SUFFIX,
@@ -111,7 +111,7 @@ class SegmentInfo:
     last_index: int
 
 
-class DiskStorage:
+class DiskStorage(EntryLogReads):
     """A `LogStorage` on disk. Opening it recovers: see the module docstring.
 
     Raises CorruptDataError when opening a log it will not repair (anything but a torn tail of
@@ -242,19 +242,7 @@ class DiskStorage:
                 with self._failing_for_good():
                     self._move_start(start)
 
-    # --- LogStorage: read side ----------------------------------------------------------------
-
-    def first_index(self) -> int:
-        return self._log.first_index()
-
-    def last_index(self) -> int:
-        return self._log.last_index()
-
-    def term(self, index: int) -> int:
-        return self._log.term(index)
-
-    def entries(self, lo: int, hi: int) -> list[Entry]:
-        return self._log.entries(lo, hi)
+    # --- LogStorage: read side (first_index, last_index, term, entries: EntryLogReads) -----
 
     def close(self) -> None:
         with self._lock:
