@@ -70,7 +70,10 @@ class PeerTransport:
             await self._session.close()
 
     def learn(self, name: str, peer_url: str | None = None, client_url: str | None = None) -> None:
-        if peer_url:
+        """Record how to reach `name`. The first peer URL known for a member wins (this
+        member's own --initial-cluster comes first): what a peer advertises must not override
+        the route this member was configured with, which may go through a proxy or a NAT."""
+        if peer_url and name not in self.peer_urls:
             self.peer_urls[name] = peer_url.rstrip("/")
         if client_url:
             self.client_urls[name] = client_url.rstrip("/")
