@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from flotilla.node.consensus import Entry, Membership, SnapshotMeta
 from flotilla.node.storage import DataDir, DiskStorage
 

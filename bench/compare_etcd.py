@@ -1,0 +1,572 @@
+"""Flotilla against etcd 3.4 on this machine, driven by the same HTTP load generator.
+
+Both systems run three members on loopback with the same timing (heartbeat 100 ms, election
+timeout 1000 ms) and their default durability (fsync before acknowledging). One system at a
+time is started, measured and stopped, so neither competes with the other's idle work.
+
+Measured, for each system:
+
+* write throughput and latency: K concurrent clients (``--clients 1,16,64``), each sending one
+  write at a time to the leader over a persistent connection for ``--duration`` seconds after
+  ``--warmup``. etcd is written through its v3 JSON gateway (``POST /v3/kv/put``, base64 key
+  and value), Flotilla through ``PUT /v1/kv/{key}``; the values are the same bytes.
+* the leader-failover window: under a steady 16-client write load the leader is SIGKILLed, and
+  the longest gap between two successful writes (any client) is measured; clients that fail or
+  time out (``--failover-timeout``) move on to the next member. Repeated ``--failover-rounds``
+  times, restarting the killed member in between; the median is reported.
+
+Usage::
+
+    .venv/bin/python bench/compare_etcd.py                       # both, default settings
+    .venv/bin/python bench/compare_etcd.py --only etcd --duration 5
+    .venv/bin/python bench/compare_etcd.py --clients 1,16 --json bench/results/cmp.json
+
+etcd comes from ``apt-get install -y etcd-server`` (``--etcd PATH`` for another binary).
+The load generator runs in this process (asyncio + aiohttp); its CPU use is printed with the
+numbers, because on a small machine it can be what limits the higher concurrency rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import importlib
+import itertools
+import json
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import aiohttp
+
+REPO = Path(__file__).resolve().parents[1]
+HEARTBEAT_MS = 100
+ELECTION_TIMEOUT_MS = 1000
+
+
+def _harness(module: str) -> Any:
+    """A module of the process-test harness (tests/harness), importable from this script."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    return importlib.import_module(f"tests.harness.{module}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The systems under test: what the load generator needs to know about each
+
+
+class System(Protocol):
+    label: str
+
+    def names(self) -> list[str]: ...
+
+    def client_url(self, name: str) -> str: ...
+
+    def write_request(self, key: str, value: bytes) -> tuple[str, str, bytes, dict[str, str]]:
+        """(method, path, body, headers) of one write; success is a 200 answer."""
+        ...
+
+    async def leader(self, session: aiohttp.ClientSession, timeout: float) -> str: ...
+
+    def kill(self, name: str) -> None: ...
+
+    def restart(self, name: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class EtcdCluster:
+    """Three etcd members on loopback, started as plain processes."""
+
+    def __init__(self, binary: str, workdir: Path, size: int = 3) -> None:
+        self.label = "etcd " + _etcd_version(binary)
+        self.binary = binary
+        self.workdir = workdir
+        numbers = _harness("ports").allocate_ports(2 * size)
+        self._names = [f"etcd{i}" for i in range(size)]
+        self._client = {n: f"http://127.0.0.1:{numbers[2 * i]}" for i, n in
+                        enumerate(self._names)}
+        self._peer = {n: f"http://127.0.0.1:{numbers[2 * i + 1]}" for i, n in
+                      enumerate(self._names)}
+        self._procs: dict[str, subprocess.Popen] = {}
+        self._logs: dict[str, Any] = {}
+        self._token = "bench-" + uuid.uuid4().hex[:8]
+        self._put_path = "/v3/kv/put"
+        for name in self._names:
+            self._start(name)
+
+    def _argv(self, name: str) -> list[str]:
+        cluster = ",".join(f"{n}={u}" for n, u in self._peer.items())
+        return [
+            self.binary, "--name", name, "--data-dir", str(self.workdir / name),
+            "--listen-client-urls", self._client[name],
+            "--advertise-client-urls", self._client[name],
+            "--listen-peer-urls", self._peer[name],
+            "--initial-advertise-peer-urls", self._peer[name],
+            "--initial-cluster", cluster, "--initial-cluster-state", "new",
+            "--initial-cluster-token", self._token,
+            "--heartbeat-interval", str(HEARTBEAT_MS),
+            "--election-timeout", str(ELECTION_TIMEOUT_MS),
+        ]
+
+    def _start(self, name: str) -> None:
+        log = self._logs.get(name)
+        if log is None:
+            log = self._logs[name] = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115
+        self._procs[name] = subprocess.Popen(self._argv(name), stdout=log, stderr=log,
+                                             stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def names(self) -> list[str]:
+        return list(self._names)
+
+    def client_url(self, name: str) -> str:
+        return self._client[name]
+
+    def write_request(self, key: str, value: bytes) -> tuple[str, str, bytes, dict[str, str]]:
+        body = json.dumps({"key": base64.b64encode(key.encode()).decode(),
+                           "value": base64.b64encode(value).decode()}).encode()
+        return "POST", self._put_path, body, {"Content-Type": "application/json"}
+
+    async def probe_put_path(self, session: aiohttp.ClientSession, url: str) -> str:
+        """etcd 3.4 serves the gateway at /v3 (and /v3beta); 3.3 only at /v3beta."""
+        for path in ("/v3/kv/put", "/v3beta/kv/put"):
+            self._put_path = path
+            method, _, body, headers = self.write_request("bench/probe", b"x")
+            async with session.request(method, url + path, data=body, headers=headers) as r:
+                await r.read()
+                if r.status == 200:
+                    return path
+        raise RuntimeError(f"{url}: neither /v3/kv/put nor /v3beta/kv/put accepts a put")
+
+    async def leader(self, session: aiohttp.ClientSession, timeout: float) -> str:
+        """The member every live member names as leader (``POST /v3/maintenance/status``)."""
+        deadline = time.monotonic() + timeout
+        last = "no answer yet"
+        while time.monotonic() < deadline:
+            ids: dict[str, str] = {}
+            leaders = set()
+            for name in self._names:
+                if self._procs[name].poll() is not None:
+                    continue
+                try:
+                    async with session.post(self._client[name] + "/v3/maintenance/status",
+                                            data=b"{}", timeout=aiohttp.ClientTimeout(1)) as r:
+                        doc = await r.json(content_type=None)
+                except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                    last = f"{name}: {type(exc).__name__}"
+                    break
+                ids[doc["header"]["member_id"]] = name
+                leaders.add(doc.get("leader", "0"))
+            else:
+                if len(leaders) == 1 and (lead := leaders.pop()) in ids:
+                    return ids[lead]
+                last = f"leaders reported: {sorted(leaders)}"
+            await asyncio.sleep(0.1)
+        raise TimeoutError(f"etcd has no agreed leader after {timeout}s ({last}); logs in "
+                           f"{self.workdir}")
+
+    def kill(self, name: str) -> None:
+        proc = self._procs[name]
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+    def restart(self, name: str) -> None:
+        if self._procs[name].poll() is None:
+            raise RuntimeError(f"{name} is still running")
+        self._start(name)
+
+    def close(self) -> None:
+        for proc in self._procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self._procs.values():
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for log in self._logs.values():
+            log.close()
+
+
+class FlotillaCluster:
+    """Three ``flotilla node`` processes through the test harness's LocalCluster."""
+
+    def __init__(self, workdir: Path, size: int = 3) -> None:
+        self.label = "flotilla"
+        self.cluster = _harness("processes").LocalCluster(
+            workdir, size, election_timeout_ms=ELECTION_TIMEOUT_MS, heartbeat_ms=HEARTBEAT_MS)
+
+    def names(self) -> list[str]:
+        return list(self.cluster.nodes)
+
+    def client_url(self, name: str) -> str:
+        return self.cluster.nodes[name].url
+
+    def write_request(self, key: str, value: bytes) -> tuple[str, str, bytes, dict[str, str]]:
+        return "PUT", "/v1/kv/" + key, value, {}
+
+    async def leader(self, session: aiohttp.ClientSession, timeout: float) -> str:
+        return await asyncio.to_thread(self.cluster.wait_leader, timeout)
+
+    def kill(self, name: str) -> None:
+        self.cluster.nodes[name].kill()
+
+    def restart(self, name: str) -> None:
+        self.cluster.nodes[name].restart()
+
+    def close(self) -> None:
+        self.cluster.stop_all()
+
+
+def _etcd_version(binary: str) -> str:
+    out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30).stdout
+    for line in out.splitlines():
+        if line.startswith("etcd Version:"):
+            return line.split(":", 1)[1].strip()
+    return "(unknown version)"
+
+
+def flotilla_unavailable() -> str | None:
+    """Why ``python -m flotilla.node`` cannot run here, or None when it can."""
+    return _harness("processes").node_unavailable_reason()
+
+
+# ---------------------------------------------------------------------------------------------
+# The load generator (the same code for both systems)
+
+
+@dataclass
+class LoadResult:
+    clients: int
+    seconds: float  # the measured window, warm-up excluded
+    ok: int = 0
+    errors: int = 0
+    latencies: list[float] = field(default_factory=list)  # seconds, writes started in window
+    successes: list[float] = field(default_factory=list)  # completion times of every success
+    cpu_seconds: float = 0.0  # this process's CPU time during the run
+    wall_seconds: float = 0.0  # the whole run, warm-up included
+
+    @property
+    def cpu_share(self) -> float:
+        """The load generator's CPU use, as a fraction of one core."""
+        return self.cpu_seconds / self.wall_seconds if self.wall_seconds else 0.0
+
+    @property
+    def rate(self) -> float:
+        return self.ok / self.seconds if self.seconds > 0 else 0.0
+
+    def percentile(self, q: float) -> float:
+        if not self.latencies:
+            return float("nan")
+        data = sorted(self.latencies)
+        return data[min(len(data) - 1, max(0, round(q / 100 * len(data) + 0.5) - 1))]
+
+
+async def drive(
+    system: System,
+    session: aiohttp.ClientSession,
+    targets: list[str],
+    clients: int,
+    *,
+    duration: float,
+    warmup: float,
+    value: bytes,
+    timeout: float,
+    stop: asyncio.Event | None = None,
+    result: LoadResult | None = None,
+) -> LoadResult:
+    """``clients`` closed-loop writers: one write at a time each, for warmup + duration.
+
+    Every client starts on ``targets[0]`` and, after a failure (error answer, connection error,
+    timeout), pauses 20 ms, so that a dead member is not hammered, and moves to another target
+    picked at random, so that clients do not all queue up behind the same member. ``result``,
+    when given, is filled in as the run goes, so that a caller can watch it.
+    """
+    result = result if result is not None else LoadResult(clients, duration)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    measure_from = start + warmup
+    end = measure_from + duration
+    per_request = aiohttp.ClientTimeout(total=timeout)
+    cpu0 = time.process_time()
+
+    async def client(i: int) -> None:
+        target = 0
+        rng = random.Random(i)
+        n = 0
+        while loop.time() < end and not (stop and stop.is_set()):
+            key = f"bench/{i}/{n % 1000}"
+            n += 1
+            method, path, body, headers = system.write_request(key, value)
+            t0 = loop.time()
+            ok = False
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                async with session.request(method, targets[target] + path, data=body,
+                                           headers=headers, timeout=per_request) as r:
+                    await r.read()
+                    ok = r.status == 200
+            t1 = loop.time()
+            if ok:
+                result.successes.append(t1)
+                if t0 >= measure_from and t1 <= end:
+                    result.ok += 1
+                    result.latencies.append(t1 - t0)
+            else:
+                result.errors += 1
+                if len(targets) > 1:
+                    target = rng.choice([t for t in range(len(targets)) if t != target])
+                await asyncio.sleep(0.02)
+
+    await asyncio.gather(*(client(i) for i in range(clients)))
+    result.cpu_seconds = time.process_time() - cpu0
+    result.wall_seconds = loop.time() - start
+    return result
+
+
+def new_session() -> aiohttp.ClientSession:
+    # limit=0: every concurrent client keeps its own keep-alive connection.
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+
+
+async def measure_throughput(system: System, levels: list[int], args: argparse.Namespace,
+                             value: bytes) -> dict[int, LoadResult]:
+    results = {}
+    async with new_session() as session:
+        if isinstance(system, EtcdCluster):
+            leader = await system.leader(session, 30)
+            path = await system.probe_put_path(session, system.client_url(leader))
+            print(f"  etcd gateway put path: {path}", flush=True)
+        for k in levels:
+            leader = await system.leader(session, 30)
+            r = await drive(system, session, [system.client_url(leader)], k,
+                            duration=args.duration, warmup=args.warmup, value=value,
+                            timeout=10.0)
+            print(f"  {k:>3} client{'s' if k > 1 else ' '} -> {leader}: {r.rate:8.0f} writes/s, "
+                  f"p50 {r.percentile(50) * 1e3:7.2f} ms, p99 {r.percentile(99) * 1e3:7.2f} ms, "
+                  f"{r.errors} errors, load generator CPU {r.cpu_share:.0%} of a core", flush=True)
+            results[k] = r
+    return results
+
+
+async def measure_failover(system: System, args: argparse.Namespace,
+                           value: bytes) -> list[float]:
+    """Longest gap between successful writes around a leader SIGKILL, once per round."""
+    gaps = []
+    loop = asyncio.get_running_loop()
+    async with new_session() as session:
+        for round_no in range(args.failover_rounds):
+            leader = await system.leader(session, 60)
+            order = [leader] + [n for n in system.names() if n != leader]
+            targets = [system.client_url(n) for n in order]
+            stop = asyncio.Event()
+            live = LoadResult(args.failover_clients, args.failover_window)
+            load = asyncio.create_task(drive(
+                system, session, targets, args.failover_clients, duration=args.failover_window,
+                warmup=args.warmup, value=value, timeout=args.failover_timeout, stop=stop,
+                result=live))
+            await asyncio.sleep(args.warmup + 1.0)
+            killed_at = loop.time()
+            await asyncio.to_thread(system.kill, leader)
+            while not load.done():  # stop one second after writes resume, or at the window's end
+                await asyncio.sleep(0.05)
+                if live.successes and live.successes[-1] > killed_at + 1.0:
+                    stop.set()
+            result = await load
+            successes = sorted(result.successes)
+            before = [t for t in successes if t < killed_at]
+            after = [t for t in successes if t >= killed_at]
+            if before and after:
+                gap = max(b - a for a, b in itertools.pairwise([before[-1], *after]))
+                note = ""
+            else:
+                gap = loop.time() - (before[-1] if before else killed_at)
+                note = " (writes never resumed within the window: a lower bound)"
+            gaps.append(gap)
+            print(f"  round {round_no + 1}: SIGKILL leader {leader}: longest gap between "
+                  f"successful writes {gap * 1e3:.0f} ms{note}", flush=True)
+            await asyncio.to_thread(system.restart, leader)
+            await system.leader(session, 60)
+            await asyncio.sleep(2.0)  # let the restarted member catch up before the next round
+    return gaps
+
+
+# ---------------------------------------------------------------------------------------------
+# Running one system, and the table
+
+
+@dataclass
+class Report:
+    label: str
+    throughput: dict[int, LoadResult] = field(default_factory=dict)
+    gaps: list[float] = field(default_factory=list)
+    skipped: str | None = None
+
+    def cells(self, levels: list[int]) -> dict[str, float | None]:
+        out: dict[str, float | None] = {}
+        for k in levels:
+            r = self.throughput.get(k)
+            clients = f"{k} client{'s' if k > 1 else ''}"
+            out[f"writes/s, {clients}"] = r.rate if r else None
+            out[f"p50 ms, {clients}"] = r.percentile(50) * 1e3 if r else None
+            out[f"p99 ms, {clients}"] = r.percentile(99) * 1e3 if r else None
+        out["failover gap ms (median)"] = (statistics.median(self.gaps) * 1e3
+                                           if self.gaps else None)
+        return out
+
+
+async def run_system(make: Any, label: str, levels: list[int], args: argparse.Namespace,
+                     value: bytes, workdir: Path) -> Report:
+    """Start, measure and stop one system. A failure is reported in the table instead of
+    ending the run, so the other system's numbers are still printed."""
+    print(f"\n== {label}: 3 members on loopback, data under {workdir}", flush=True)
+    report = Report(label)
+    system = None
+    try:
+        system = await asyncio.to_thread(make, workdir)
+        report.label = system.label
+        report.throughput = await measure_throughput(system, levels, args, value)
+        if args.failover_rounds > 0:
+            print(f"  failover: {args.failover_clients} clients, leader SIGKILLed, "
+                  f"{args.failover_rounds} rounds", flush=True)
+            report.gaps = await measure_failover(system, args, value)
+    except Exception as exc:
+        report.skipped = f"the run failed: {type(exc).__name__}: {exc}"
+        traceback.print_exc()
+        print(f"  {label}: {report.skipped} (logs: {workdir}, kept with --keep)", flush=True)
+    finally:
+        if system is not None:
+            await asyncio.to_thread(system.close)
+    return report
+
+
+def render(reports: list[Report], levels: list[int]) -> str:
+    rows = list(reports[0].cells(levels)) if reports else []
+    headers = ["", *(r.label for r in reports)]
+    ratio = len(reports) == 2 and reports[0].label.startswith("etcd")
+    if ratio:
+        headers.append("flotilla/etcd")
+    table = [headers]
+    for row in rows:
+        values = [r.cells(levels)[row] for r in reports]
+        line = [row, *(_fmt(v) for v in values)]
+        if ratio:
+            etcd, flo = values
+            line.append(f"{flo / etcd:.2f}" if etcd and flo is not None else "n/a")
+        table.append(line)
+    widths = [max(len(r[i]) for r in table) for i in range(len(headers))]
+    out = []
+    for n, line in enumerate(table):
+        out.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                             for i, (c, w) in enumerate(zip(line, widths, strict=True))))
+        if n == 0:
+            out.append("  ".join("-" * w for w in widths))
+    for r in reports:
+        if r.skipped:
+            out.append(f"{r.label}: not (fully) measured: {r.skipped}")
+        if r.gaps:
+            out.append(f"{r.label} failover gaps, ms: "
+                       + ", ".join(f"{g * 1e3:.0f}" for g in r.gaps))
+    return "\n".join(out)
+
+
+def _fmt(v: float | None) -> str:
+    if v is None:
+        return "n/a"
+    return f"{v:.0f}" if v >= 100 else f"{v:.2f}"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--duration", type=float, default=10.0,
+                   help="measured seconds per concurrency level (default 10)")
+    p.add_argument("--warmup", type=float, default=2.0, help="seconds before measuring (2)")
+    p.add_argument("--clients", default="1,16,64",
+                   help="comma-separated concurrency levels (default 1,16,64)")
+    p.add_argument("--only", choices=("etcd", "flotilla"), help="measure one system")
+    p.add_argument("--value-size", type=int, default=128, help="bytes per value (128)")
+    p.add_argument("--failover-rounds", type=int, default=3, help="leader kills (3; 0: skip)")
+    p.add_argument("--failover-clients", type=int, default=16, help="writers during kills (16)")
+    p.add_argument("--failover-timeout", type=float, default=0.25,
+                   help="seconds before a writer gives up on a request and moves on (0.25): "
+                        "the gap is measured to about this resolution, since a member that "
+                        "still believes in the dead leader holds requests until they time out")
+    p.add_argument("--failover-window", type=float, default=15.0,
+                   help="longest wait for writes to resume after a kill (15 s)")
+    p.add_argument("--etcd", default=shutil.which("etcd") or "/usr/bin/etcd",
+                   help="the etcd binary (default: etcd on PATH)")
+    p.add_argument("--keep", action="store_true", help="keep data dirs and logs")
+    p.add_argument("--json", type=Path, help="also write the numbers to this file")
+    args = p.parse_args(argv)
+    try:
+        args.levels = [int(x) for x in args.clients.split(",") if x.strip()]
+    except ValueError:
+        p.error(f"--clients wants comma-separated integers, got {args.clients!r}")
+    if not args.levels or min(args.levels) < 1:
+        p.error("--clients needs at least one level >= 1")
+    return args
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    value = os.urandom(args.value_size // 2 + 1).hex()[: args.value_size].encode()
+    root = Path(tempfile.mkdtemp(prefix="flotilla-vs-etcd-"))
+    reports: list[Report] = []
+    try:
+        if args.only in (None, "etcd"):
+            if not (os.path.isfile(args.etcd) and os.access(args.etcd, os.X_OK)):
+                reports.append(Report("etcd", skipped=f"no etcd binary at {args.etcd}; "
+                                      "apt-get install -y etcd-server, or pass --etcd PATH"))
+            else:
+                (root / "etcd").mkdir()
+                reports.append(await run_system(
+                    lambda d: EtcdCluster(args.etcd, d), "etcd", args.levels, args, value,
+                    root / "etcd"))
+        if args.only in (None, "flotilla"):
+            reason = flotilla_unavailable()
+            if reason:
+                print(f"\n== flotilla: NOT MEASURED: {reason}", flush=True)
+                reports.append(Report("flotilla", skipped=reason))
+            else:
+                (root / "flotilla").mkdir()
+                reports.append(await run_system(
+                    lambda d: FlotillaCluster(d), "flotilla", args.levels, args, value,
+                    root / "flotilla"))
+    finally:
+        if args.keep:
+            print(f"\ndata and logs kept in {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+    print(f"\n{args.value_size}-byte values, {args.duration:g}s per level after "
+          f"{args.warmup:g}s warm-up, clients write to the leader; failover: median of "
+          f"{args.failover_rounds} leader SIGKILLs under {args.failover_clients} writers "
+          f"(request timeout {args.failover_timeout:g}s)\n")
+    print(render(reports, args.levels))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(
+            {r.label: {"skipped": r.skipped, "gaps_s": r.gaps, **r.cells(args.levels)}
+             for r in reports}, indent=2))
+    measured = [r for r in reports if not r.skipped]
+    return 0 if measured else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    return asyncio.run(main_async(parse_args(argv)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
