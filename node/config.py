@@ -127,7 +127,7 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> NodeConf
         raise UsageError(f"--snapshot-policy: {exc}") from exc
     restore_index = raw["restore_index"]
     if restore_index is not None:
-        restore_index = _positive_int(restore_index, "--restore-index", 0)
+        restore_index = _positive_int(restore_index, "--restore-index", 0, minimum=0)
     return NodeConfig(
         name=raw["name"],
         data_dir=raw["data_dir"],
@@ -191,15 +191,15 @@ def _initial_cluster(text: str | None) -> dict[str, str]:
     return members
 
 
-def _positive_int(text: str | None, flag: str, default: int) -> int:
+def _positive_int(text: str | None, flag: str, default: int, minimum: int = 1) -> int:
     if text is None:
         return default
     try:
         value = int(text)
     except ValueError:
         raise UsageError(f"{flag} must be a whole number, not {text!r}") from None
-    if value < 0 or (value == 0 and flag != "--restore-index"):
-        raise UsageError(f"{flag} must be positive, not {value}")
+    if value < minimum:
+        raise UsageError(f"{flag} must be at least {minimum}, not {value}")
     return value
 
 

@@ -393,8 +393,7 @@ class ClientAPI:
             if not isinstance(target, str):
                 return error(400, "bad_request", 'give {"name": "<voter>"}')
             core = self.node.core
-            core.transfer_leadership(target)
-            self.node._wakeup.set()
+            self.node.transfer_leadership(target)
             deadline = time.monotonic() + self.node.cfg.election_timeout_ms / 1000 * 2
             while time.monotonic() < deadline:
                 if core.leader == target and core.role is not Role.LEADER:
@@ -410,8 +409,7 @@ class ClientAPI:
         return web.json_response(await self.node.take_snapshot())
 
     async def metrics(self, request: web.Request) -> web.Response:
-        text = self.node.metrics.render(self.node.core.log.committed,
-                                        self.node.status()["role"])
+        text = self.node.metrics.render(self.node.core.log.committed, self.node.role())
         return web.Response(text=text, content_type="text/plain")
 
     async def healthz(self, request: web.Request) -> web.Response:

@@ -15,7 +15,6 @@ import itertools
 import logging
 import random
 import time
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from flotilla.node.consensus import (
     EntryKind,
     Membership,
     Message,
+    ProposalError,
     RaftCore,
     Ready,
     Role,
@@ -32,7 +32,13 @@ from flotilla.node.consensus import (
     SnapshotMeta,
 )
 from flotilla.node.statemachine.kv import KVStateMachine
-from flotilla.node.storage import DataDir, DiskStorage, SnapshotStore, StorageError
+from flotilla.node.storage import (
+    DataDir,
+    DiskStorage,
+    SnapshotStore,
+    StorageError,
+    StoredSnapshot,
+)
 
 from .config import NodeConfig
 from .metrics import Metrics
@@ -60,8 +66,8 @@ class NodeServer:
         self._proposals: dict[int, _Proposal] = {}
         self._read_ids = itertools.count(1)
         self._reads: dict[int, asyncio.Future] = {}
-        self._reads_waiting_apply: list[tuple[int, asyncio.Future]] = []
-        self._apply_waiters: deque[tuple[int, asyncio.Future]] = deque()
+        # Futures resolved with the applied index once it reaches theirs (reads, admin waits).
+        self._waiters: list[tuple[int, asyncio.Future]] = []
         self._wakeup = asyncio.Event()
         self._stopping = False
         self._tasks: list[asyncio.Task] = []
@@ -69,7 +75,10 @@ class NodeServer:
         self._background: set[asyncio.Task] = set()
         self._log_bytes_since_snapshot = 0
         self._entries_since_snapshot = 0
-        self._last_snapshot_bytes = 0
+        # The newest snapshot file, verified once when it was written, received or found at
+        # start: SnapshotStore.latest() reads a whole file, so it is never called per request.
+        self._snapshot: StoredSnapshot | None = None
+        self._snapshot_bytes = 0
         self.applied = 0
 
     # --- start-up -------------------------------------------------------------------------
@@ -96,7 +105,7 @@ class NodeServer:
                 recovered = self.storage.recover()
             with self.snapshots.open_payload(latest.path) as payload:
                 self.sm.restore(payload)
-            self._last_snapshot_bytes = latest.path.stat().st_size
+            self._remember_snapshot(latest)
         elif recovered.snapshot.index > 0:
             raise StorageError(
                 f"{cfg.data_dir}: the log starts after index {recovered.snapshot.index} but no "
@@ -145,11 +154,10 @@ class NodeServer:
         best = max(voters, key=lambda n: (self.core.progress.get(n).match
                                           if n in self.core.progress else -1, n))
         try:
-            self.core.transfer_leadership(best)
-        except Exception as exc:
+            self.transfer_leadership(best)
+        except ProposalError as exc:
             log.warning("could not hand leadership to %s: %s", best, exc)
             return
-        self._wakeup.set()
         while time.monotonic() < deadline and self.core.role is Role.LEADER:
             await asyncio.sleep(0.02)
 
@@ -174,12 +182,17 @@ class NodeServer:
         await self.wait_applied(index)
         return index
 
-    async def wait_applied(self, index: int) -> None:
+    async def wait_applied(self, index: int) -> int:
+        """Return (the applied index) once everything up to `index` is applied here."""
         if self.applied >= index:
-            return
+            return self.applied
         fut = asyncio.get_running_loop().create_future()
-        self._apply_waiters.append((index, fut))
-        await fut
+        self._waiters.append((index, fut))
+        return await fut
+
+    def transfer_leadership(self, target: str) -> None:
+        self.core.transfer_leadership(target)  # raises NotLeader / InvalidMembership
+        self._wakeup.set()
 
     async def read_barrier(self) -> int:
         """Linearizable read (ReadIndex): returns once local state is at least as new as every
@@ -250,7 +263,7 @@ class NodeServer:
         for rs in rd.read_states:
             fut = self._reads.get(rs.context)
             if fut is not None and not fut.done():
-                self._reads_waiting_apply.append((rs.index, fut))
+                self._waiters.append((rs.index, fut))
         for context in rd.failed_reads:
             fut = self._reads.get(context)
             if fut is not None and not fut.done():
@@ -279,26 +292,16 @@ class NodeServer:
         self.metrics.applied = self.applied
 
     def _release_waiters(self) -> None:
+        if not self._waiters:
+            return
         applied = self.applied
-        if self._reads_waiting_apply:
-            keep = []
-            for index, fut in self._reads_waiting_apply:
-                if index <= applied:
-                    if not fut.done():
-                        fut.set_result(applied)
-                else:
-                    keep.append((index, fut))
-            self._reads_waiting_apply = keep
-        waiters = self._apply_waiters
-        if waiters:
-            still = deque()
-            for index, fut in waiters:
-                if index <= applied:
-                    if not fut.done():
-                        fut.set_result(None)
-                else:
-                    still.append((index, fut))
-            self._apply_waiters = still
+        keep = []
+        for index, fut in self._waiters:
+            if index > applied:
+                keep.append((index, fut))
+            elif not fut.done():
+                fut.set_result(applied)
+        self._waiters = keep
 
     def _soft_state_changed(self, rd: Ready) -> None:
         soft = rd.soft_state
@@ -326,8 +329,7 @@ class NodeServer:
         if self._snapshotting or self.applied <= self.core.log.snapshot.index:
             return
         rule = self.cfg.snapshot_policy.should_snapshot(
-            self._log_bytes_since_snapshot, self._entries_since_snapshot,
-            self._last_snapshot_bytes)
+            self._log_bytes_since_snapshot, self._entries_since_snapshot, self._snapshot_bytes)
         if rule is not None:
             self._snapshotting = True
             task = asyncio.create_task(self.take_snapshot(reason=rule))
@@ -340,10 +342,9 @@ class NodeServer:
         try:
             index = self.applied
             core = self.core
+            if self._snapshot is not None and self._snapshot.meta.index == index:
+                return self._snapshot_doc()
             meta = SnapshotMeta(index, core.log.term(index), core.log.membership_at(index))
-            if index == core.log.snapshot.index and self.snapshots.latest() is not None:
-                latest = self.snapshots.latest()
-                return self._snapshot_doc(latest.meta, latest.path)
             frozen = self.sm.freeze()
             try:
                 writer = self.snapshots.begin(meta, self.sm.kind)
@@ -357,24 +358,30 @@ class NodeServer:
                 frozen.release()
             core.compact(index)
             await asyncio.to_thread(self.storage.compact, index)
-            self._last_snapshot_bytes = path.stat().st_size
-            self._log_bytes_since_snapshot = 0
-            self._entries_since_snapshot = 0
+            self._remember_snapshot(StoredSnapshot(meta, self.sm.kind, path))
             self.metrics.snapshots_taken += 1
-            log.info("snapshot at %d (%d bytes, %s)", index, self._last_snapshot_bytes, reason)
-            return self._snapshot_doc(meta, path)
+            log.info("snapshot at %d (%d bytes, %s)", index, self._snapshot_bytes, reason)
+            return self._snapshot_doc()
         finally:
             self._snapshotting = False
 
-    def _snapshot_doc(self, meta: SnapshotMeta, path: Path) -> dict[str, Any]:
-        return {"index": meta.index, "term": meta.term, "bytes": path.stat().st_size,
+    def _remember_snapshot(self, stored: StoredSnapshot) -> None:
+        """`stored` is now the newest snapshot file; the log counted since the last resets."""
+        self._snapshot = stored
+        self._snapshot_bytes = stored.path.stat().st_size
+        self._log_bytes_since_snapshot = 0
+        self._entries_since_snapshot = 0
+
+    def _snapshot_doc(self) -> dict[str, Any]:
+        meta, path = self._snapshot.meta, self._snapshot.path
+        return {"index": meta.index, "term": meta.term, "bytes": self._snapshot_bytes,
                 "location": path.resolve().as_uri()}
 
     def _snapshot_payload(self, m: Message):
-        latest = self.snapshots.latest()
-        if latest is None or latest.meta.index != m.snapshot.meta.index:
+        stored = self._snapshot
+        if stored is None or stored.meta.index != m.snapshot.meta.index:
             return None
-        return self.snapshots.open_payload(latest.path)
+        return self.snapshots.open_payload(stored.path)  # verifies its checksum as it streams
 
     def _snapshot_sent(self, peer: str, ok: bool) -> None:
         self.core.report_snapshot(peer, ok)
@@ -393,6 +400,10 @@ class NodeServer:
         except BaseException:
             writer.abort()
             raise
+        # The store keeps one committed snapshot besides the one in progress, so this file is
+        # now the newest one there (the core may still decline it if it has caught up).
+        self._snapshot = StoredSnapshot(meta, self.sm.kind, path)
+        self._snapshot_bytes = path.stat().st_size
         m.snapshot.data = path
         self.deliver([m])
 
@@ -412,9 +423,7 @@ class NodeServer:
         await asyncio.to_thread(self.storage.install_snapshot, snap.meta)
         self.applied = snap.meta.index
         self._learn_addresses(snap.meta.membership)
-        self._last_snapshot_bytes = path.stat().st_size
-        self._log_bytes_since_snapshot = 0
-        self._entries_since_snapshot = 0
+        self._remember_snapshot(StoredSnapshot(snap.meta, self.sm.kind, path))
         self.metrics.snapshots_installed["leader"] += 1
         for index in [i for i in self._proposals if i <= snap.meta.index]:
             p = self._proposals.pop(index)
@@ -424,13 +433,14 @@ class NodeServer:
 
     # --- status ----------------------------------------------------------------------------
 
+    def role(self) -> str:
+        """The role as `/v1/status` names it: a learner is not a follower there."""
+        return "learner" if self.name in self.core.membership.learners else self.core.role.label
+
     def status(self) -> dict[str, Any]:
         core = self.core
         log_ = core.log
         membership = core.membership
-        role = core.role.label
-        if self.name in membership.learners:
-            role = "learner"
         members = {}
         for name in sorted(membership.members()):
             if name in membership.learners:
@@ -446,11 +456,10 @@ class NodeServer:
                 "role": member_role,
                 "match_index": pr.match if pr is not None else None,
             }
-        latest = self.snapshots.latest()
         return {
             "name": self.name,
             "cluster_id": self.cfg.cluster_id,
-            "role": role,
+            "role": self.role(),
             "term": core.term,
             "leader": core.leader,
             "commit_index": log_.committed,
@@ -460,7 +469,7 @@ class NodeServer:
             "snapshot": {
                 "index": log_.snapshot.index,
                 "term": log_.snapshot.term,
-                "bytes": latest.path.stat().st_size if latest is not None else 0,
+                "bytes": self._snapshot_bytes,
             },
             "config": membership.describe(),
             "members": members,

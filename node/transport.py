@@ -53,7 +53,6 @@ class PeerTransport:
         self._snapshots_in_flight: set[str] = set()
         self._streams: set[asyncio.Task] = set()
         self._session: aiohttp.ClientSession | None = None
-        self.snapshots_sent = 0
 
     async def start(self) -> None:
         self._session = aiohttp.ClientSession(
@@ -147,8 +146,6 @@ class PeerTransport:
                 if not ok:
                     log.warning("peer %s refused snapshot %d: %s %s", m.to,
                                 m.snapshot.meta.index, resp.status, (await resp.text())[:200])
-            if ok:
-                self.snapshots_sent += 1
         except (TimeoutError, aiohttp.ClientError, OSError, msgpack.PackException) as exc:
             log.warning("streaming snapshot to %s failed: %s", m.to, exc)
         finally:
