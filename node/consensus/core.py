@@ -188,12 +188,9 @@ class RaftCore:
             raise InvalidMembership("the configuration is already exactly that")
         merged = dict(current.addresses)
         merged.update(addresses or {})
-        everyone = voters | learners | current.voters
-        kept = tuple(sorted((n, url) for n, url in merged.items() if n in everyone))
         outgoing = None if voters == current.voters else current.voters
-        return self._append_membership(
-            Membership(voters=voters, learners=learners, outgoing=outgoing, addresses=kept)
-        )
+        target = Membership(voters=voters, learners=learners, outgoing=outgoing)
+        return self._append_membership(target.with_addresses(merged))
 
     def read_index(self, context: Any) -> None:
         """Ask for a linearizable read. A `ReadState(context, index)` comes out in a later
@@ -467,15 +464,16 @@ class RaftCore:
             self._broadcast_heartbeat()
         log = self.log
         hard = HardState(self.term, self.vote)
+        hard_changed = hard != self._last_hard_state
         soft = self._soft_state()
         messages, persisted = self._msgs, self._persisted_msgs
-        if hard != self._last_hard_state and messages:
+        if hard_changed and messages:
             # Nothing may speak for a term before that term is durable: a leader that crashed
             # before persisting it could win the same term again and reuse (index, term) pairs
             # a follower already holds (a single voter wins before anyone hears from it).
             messages, persisted = [], messages + persisted
         rd = Ready(
-            hard_state=hard if hard != self._last_hard_state else None,
+            hard_state=hard if hard_changed else None,
             snapshot=log.pending_snapshot,
             entries=log.unsent_entries(),
             messages=tuple(messages),
@@ -625,11 +623,11 @@ class RaftCore:
         never campaigns). Votes are still counted under the newest configuration, and once a
         configuration without this member commits, it stops campaigning for good.
         """
-        if self.log.pending_snapshot is not None:
-            return False
         log = self.log
-        return self.membership.can_vote(self.name) or log.membership_at(log.committed).can_vote(
-            self.name)
+        if log.pending_snapshot is not None:
+            return False
+        return (log.membership().can_vote(self.name)
+                or log.membership_at(log.committed).can_vote(self.name))
 
     def _in_lease(self) -> bool:
         return (
@@ -696,10 +694,8 @@ class RaftCore:
             current = self.membership
             if current.joint:
                 # C_old,new is committed: move on to C_new (dissertation 4.3).
-                members = current.voters | current.learners
-                self._append_membership(Membership(
-                    voters=current.voters, learners=current.learners,
-                    addresses=tuple((n, u) for n, u in current.addresses if n in members)))
+                target = Membership(voters=current.voters, learners=current.learners)
+                self._append_membership(target.with_addresses(current.addresses))
             elif not current.can_vote(self.name):
                 # C_new is committed and does not include this leader: hand over and step down.
                 self._broadcast_append()

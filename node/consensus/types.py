@@ -57,6 +57,12 @@ class Membership:
         """Everyone the leader replicates to."""
         return self.voters | self.learners | (self.outgoing or frozenset())
 
+    def with_addresses(self, addresses: dict[str, str] | tuple[tuple[str, str], ...]) -> Membership:
+        """This configuration carrying the peer URLs of its own members only."""
+        members = self.members()
+        kept = tuple(sorted((n, url) for n, url in dict(addresses).items() if n in members))
+        return Membership(self.voters, self.learners, self.outgoing, kept)
+
     def can_vote(self, name: str) -> bool:
         return name in self.voters or (self.outgoing is not None and name in self.outgoing)
 
