@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flotilla.node.consensus import (
-    EMPTY_MEMBERSHIP,
     Entry,
     EntryKind,
     HardState,
@@ -43,6 +42,8 @@ from flotilla.node.consensus import (
     SnapshotMeta,
 )
 
+from tests.simulation.disk import Disk
+
 MT = MessageType
 Filter = Callable[[Message], bool]
 
@@ -53,40 +54,6 @@ def log_of(terms: Iterable[int], first_index: int = 1) -> list[Entry]:
         Entry(first_index + i, term, EntryKind.NORMAL, f"{first_index + i}@{term}".encode())
         for i, term in enumerate(terms)
     ]
-
-
-@dataclass
-class Disk:
-    """What a member has made durable: only what a carried-out Ready wrote."""
-
-    hard_state: HardState = field(default_factory=HardState)
-    snapshot: SnapshotMeta = field(default_factory=lambda: SnapshotMeta(0, 0, EMPTY_MEMBERSHIP))
-    snapshot_data: tuple[Entry, ...] = ()  # the state machine at the snapshot: applied entries
-    entries: list[Entry] = field(default_factory=list)  # contiguous from snapshot.index + 1
-
-    def terms(self) -> list[int]:
-        return [e.term for e in self.entries]
-
-    def write_entries(self, entries: tuple[Entry, ...]) -> None:
-        """An entry whose index is already stored replaces it and everything after it."""
-        first = entries[0].index
-        base = self.snapshot.index
-        assert base < first <= base + len(self.entries) + 1, (
-            f"entry {first} does not fit a disk holding {base + 1}..{base + len(self.entries)}"
-        )
-        del self.entries[first - base - 1 :]
-        self.entries.extend(entries)
-
-    def install(self, snapshot: Snapshot) -> None:
-        """The log before the snapshot is discarded; so is a tail that does not continue it."""
-        meta = snapshot.meta
-        pos = meta.index - self.snapshot.index - 1
-        if 0 <= pos < len(self.entries) and self.entries[pos].term == meta.term:
-            self.entries = self.entries[pos + 1 :]
-        else:
-            self.entries = []
-        self.snapshot = meta
-        self.snapshot_data = tuple(snapshot.data)
 
 
 @dataclass
@@ -155,9 +122,9 @@ class Network:
                 state = RecoveredState()
             else:
                 state = RecoveredState(snapshot=SnapshotMeta(0, 0, initial))
-            disk = Disk(state.hard_state, state.snapshot, (), list(state.entries))
+            disk = Disk(state, snapshot_data=())
             settings_i = Settings(rng=random.Random(i), **settings)
-            core = RaftCore(name, settings_i, _recovered(disk))
+            core = RaftCore(name, settings_i, disk.recovered())
             self.members[name] = Member(name, core, disk, settings_i)
 
     # --- looking -----------------------------------------------------------------------
@@ -244,14 +211,14 @@ class Network:
             return
         disk = member.disk
         if rd.snapshot is not None:
-            disk.install(rd.snapshot)
+            disk.install(rd.snapshot.meta, tuple(rd.snapshot.data))
             member.applied = list(rd.snapshot.data)
             member.events.append(("persist-snapshot", rd.snapshot.meta))
         if rd.entries:
-            disk.write_entries(rd.entries)
+            disk.append(rd.entries)
             member.events.append(("persist-entries", rd.entries))
         if rd.hard_state is not None:
-            disk.hard_state = rd.hard_state
+            disk.save_hard_state(rd.hard_state)
             member.events.append(("persist-hard-state", rd.hard_state))
         for m in rd.persisted_messages:
             self._send(member, m)
@@ -347,10 +314,7 @@ class Network:
         """`name` snapshots its state machine at `index` (durably) and compacts its log."""
         member = self.members[name]
         meta = member.core.compact(index, keep)
-        disk = member.disk
-        disk.snapshot_data = tuple(member.applied[:index])
-        disk.entries = [e for e in disk.entries if e.index > index]
-        disk.snapshot = meta
+        member.disk.install(meta, tuple(member.applied[:index]))
         return meta
 
     def restart(self, name: str) -> RaftCore:
@@ -358,13 +322,9 @@ class Network:
         from its disk."""
         member = self.members[name]
         member.pending = None
-        member.core = RaftCore(name, member.settings, _recovered(member.disk))
+        member.core = RaftCore(name, member.settings, member.disk.recovered())
         member.applied = list(member.disk.snapshot_data)
         return member.core
-
-
-def _recovered(disk: Disk) -> RecoveredState:
-    return RecoveredState(disk.hard_state, disk.snapshot, list(disk.entries))
 
 
 def recovered(terms: Iterable[int], term: int, voters: Iterable[str], vote: str | None = None,

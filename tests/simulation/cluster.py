@@ -20,10 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flotilla.node.consensus import (
-    EMPTY_MEMBERSHIP,
     Entry,
     EntryKind,
-    HardState,
     Membership,
     Message,
     MessageType,
@@ -36,6 +34,8 @@ from flotilla.node.consensus import (
     Snapshot,
     SnapshotMeta,
 )
+
+from .disk import Disk
 
 TICK = 10  # time units per tick; messages take a few units, so many can cross within a tick
 
@@ -79,43 +79,6 @@ class KVState:
 # --- one simulated member --------------------------------------------------------------------
 
 
-@dataclass
-class Disk:
-    """What survives a crash: only what a Ready was carried out for."""
-
-    hard_state: HardState = field(default_factory=HardState)
-    snapshot: SnapshotMeta = field(default_factory=lambda: SnapshotMeta(0, 0, EMPTY_MEMBERSHIP))
-    snapshot_data: KVState = field(default_factory=KVState)
-    entries: list[Entry] = field(default_factory=list)  # contiguous after snapshot.index
-
-    def holds(self, index: int, term: int) -> bool:
-        if index <= self.snapshot.index:
-            return True  # covered by a durable snapshot (taken of committed state)
-        pos = index - self.snapshot.index - 1
-        return pos < len(self.entries) and self.entries[pos].term == term
-
-    def append(self, entries: tuple[Entry, ...]) -> None:
-        first = entries[0].index
-        base = self.snapshot.index
-        if first <= base:
-            raise SafetyViolation(f"persisting entry {first} at or below snapshot {base}")
-        if first > base + len(self.entries) + 1:
-            raise SafetyViolation(f"persisting entry {first} leaves a gap on disk")
-        del self.entries[first - base - 1 :]
-        self.entries.extend(entries)
-
-    def install(self, meta: SnapshotMeta, data: KVState) -> None:
-        pos = meta.index - self.snapshot.index - 1
-        if 0 <= pos < len(self.entries) and self.entries[pos].term == meta.term:
-            self.entries = self.entries[pos + 1 :]
-        elif meta.index > self.snapshot.index:
-            self.entries = []
-        else:
-            return
-        self.snapshot = meta
-        self.snapshot_data = data.copy()
-
-
 class SimNode:
     def __init__(self, name: str, disk: Disk, sim: Simulation) -> None:
         self.name = name
@@ -133,7 +96,7 @@ class SimNode:
         self.incarnation += 1
         self.alive = True
         d = self.disk
-        recovered = RecoveredState(d.hard_state, d.snapshot, list(d.entries))
+        recovered = d.recovered()
         rng = self.sim.rng
         per_message = rng.choice([1, 4, 16, 256])
         # One entry per message makes old-term commits observable; give it a wide window so a
@@ -219,7 +182,7 @@ class Simulation:
                       "snapshots": 0, "installs": 0, "transfers": 0, "membership": 0}
         initial = Membership(voters=frozenset(voters))
         for name in voters:
-            disk = Disk(snapshot=SnapshotMeta(0, 0, initial))
+            disk = Disk(RecoveredState(snapshot=SnapshotMeta(0, 0, initial)), KVState())
             self.add_node(name, disk)
 
     # --- plumbing ----------------------------------------------------------------------
@@ -303,14 +266,14 @@ class Simulation:
         disk = node.disk
         if rd.snapshot is not None:
             data = rd.snapshot.data
-            disk.install(rd.snapshot.meta, data)
+            disk.install(rd.snapshot.meta, data.copy())
             node.sm = data.copy()
             self.stats["installs"] += 1
             self.log(f"{node.name} installed snapshot {rd.snapshot.meta.index}")
         if rd.entries:
             disk.append(rd.entries)
         if rd.hard_state is not None:
-            disk.hard_state = rd.hard_state
+            disk.save_hard_state(rd.hard_state)
         for m in rd.persisted_messages:
             self.send(node, m)
         for entry in rd.committed_entries:
@@ -478,7 +441,7 @@ class Simulation:
         if not node.alive or node.persisting is not None or index <= core.log.snapshot.index:
             return
         meta = core.compact(index, keep)
-        node.disk.install(meta, node.sm)
+        node.disk.install(meta, node.sm.copy())
         self.stats["snapshots"] += 1
         self.log(f"{node.name} snapshot at {index} (keep {keep})")
 

@@ -14,7 +14,8 @@ import argparse
 import sys
 from dataclasses import dataclass
 
-from .cluster import TICK, Disk, SafetyViolation, Simulation
+from .cluster import TICK, KVState, SafetyViolation, Simulation
+from .disk import Disk
 
 HEAL_TICKS = 400  # 40 election timeouts
 KEYS = ["a", "b", "c", "d", "e"]
@@ -162,7 +163,7 @@ def _change_membership(sim: Simulation, rng, next_name: int) -> int:
     if choice < 0.35 and len(sim.nodes) < 8:
         name = f"n{next_name}"
         next_name += 1
-        sim.add_node(name, Disk())  # joins empty, like `--initial-cluster-state existing`
+        sim.add_node(name, Disk(snapshot_data=KVState()))  # joins empty (`existing` mode)
         sim.log(f"{name} started empty")
         sim.change_membership(voters, learners | {name})
     elif choice < 0.45 and learners:
