@@ -71,6 +71,8 @@ def _harness(module: str) -> Any:
 class System(Protocol):
     label: str
 
+    fsync_metric: str  # the Prometheus histogram counting the leader's log fsyncs
+
     def names(self) -> list[str]: ...
 
     def client_url(self, name: str) -> str: ...
@@ -90,6 +92,8 @@ class System(Protocol):
 
 class EtcdCluster:
     """Three etcd members on loopback, started as plain processes."""
+
+    fsync_metric = "etcd_disk_wal_fsync_duration_seconds_count"
 
     def __init__(self, binary: str, workdir: Path, size: int = 3) -> None:
         self.label = "etcd " + _etcd_version(binary)
@@ -205,6 +209,8 @@ class EtcdCluster:
 class FlotillaCluster:
     """Three ``flotilla node`` processes through the test harness's LocalCluster."""
 
+    fsync_metric = "flotilla_fsync_seconds_count"
+
     def __init__(self, workdir: Path, size: int = 3) -> None:
         self.label = "flotilla"
         self.cluster = _harness("processes").LocalCluster(
@@ -257,6 +263,7 @@ class LoadResult:
     errors: int = 0
     latencies: list[float] = field(default_factory=list)  # seconds, writes started in window
     successes: list[float] = field(default_factory=list)  # completion times of every success
+    fsyncs: float | None = None  # the leader's log fsyncs during the whole run, if known
     cpu_seconds: float = 0.0  # this process's CPU time during the run
     wall_seconds: float = 0.0  # the whole run, warm-up included
 
@@ -342,6 +349,19 @@ def new_session() -> aiohttp.ClientSession:
     return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
 
 
+async def fsync_count(session: aiohttp.ClientSession, url: str, metric: str) -> float | None:
+    """The value of ``metric`` (a histogram's _count) on the member at ``url``, or None."""
+    try:
+        async with session.get(url + "/metrics", timeout=aiohttp.ClientTimeout(total=5)) as r:
+            text = await r.text()
+    except (aiohttp.ClientError, TimeoutError):
+        return None
+    for line in text.splitlines():
+        if line.startswith(metric + " "):
+            return float(line.split()[1])
+    return None
+
+
 async def measure_throughput(system: System, levels: list[int], args: argparse.Namespace,
                              value: bytes) -> dict[int, LoadResult]:
     results = {}
@@ -352,12 +372,20 @@ async def measure_throughput(system: System, levels: list[int], args: argparse.N
             print(f"  etcd gateway put path: {path}", flush=True)
         for k in levels:
             leader = await system.leader(session, 30)
-            r = await drive(system, session, [system.client_url(leader)], k,
+            url = system.client_url(leader)
+            before = await fsync_count(session, url, system.fsync_metric)
+            r = await drive(system, session, [url], k,
                             duration=args.duration, warmup=args.warmup, value=value,
                             timeout=10.0)
+            after = await fsync_count(session, url, system.fsync_metric)
+            per_fsync = ""
+            if before is not None and after is not None and after > before:
+                r.fsyncs = after - before
+                per_fsync = f", {len(r.successes) / r.fsyncs:.1f} writes per leader fsync"
             print(f"  {k:>3} client{'s' if k > 1 else ' '} -> {leader}: {r.rate:8.0f} writes/s, "
                   f"p50 {r.percentile(50) * 1e3:7.2f} ms, p99 {r.percentile(99) * 1e3:7.2f} ms, "
-                  f"{r.errors} errors, load generator CPU {r.cpu_share:.0%} of a core", flush=True)
+                  f"{r.errors} errors{per_fsync}, load generator CPU {r.cpu_share:.0%} of a core",
+                  flush=True)
             results[k] = r
     return results
 

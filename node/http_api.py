@@ -10,14 +10,19 @@ import asyncio
 import hmac
 import json
 import logging
+import re
 import time
 from typing import Any
+from urllib.parse import unquote_to_bytes, urlsplit
 
 import aiohttp
+import yarl
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from flotilla.node.consensus import (
     InvalidMembership,
     MembershipChangeInProgress,
+    MessageType,
     NotLeader,
     ProposalError,
     Role,
@@ -26,7 +31,14 @@ from flotilla.node.consensus import (
 from flotilla.node.statemachine.kv import encode_delete, encode_put
 
 from .server import NodeServer, Unavailable
-from .transport import MESSAGES_PATH, SNAPSHOT_PATH
+from .transport import (
+    CLUSTER_HEADER,
+    MEMBERSHIP,
+    MESSAGES_PATH,
+    SENDER_HEADER,
+    SNAPSHOT_PATH,
+    STREAM_PATH,
+)
 from .wire import WireError, decode_batch
 
 log = logging.getLogger(__name__)
@@ -34,6 +46,20 @@ log = logging.getLogger(__name__)
 PEER_BODY_LIMIT = 64 << 20
 REQUEST_TIMEOUT = 10.0
 FORWARDED = "Flotilla-Forwarded"
+KV_PREFIX = "/v1/kv/"
+#: Longest key, in bytes of UTF-8. Even fully percent-encoded (3 characters a byte) such a key
+#: fits in a request line of MAX_URL_BYTES, so every valid key can be sent.
+MAX_KEY_BYTES = 4096
+MAX_URL_BYTES = 16384
+#: Largest prev_index, Flotilla-Seq and limit (a signed 64-bit integer, as in the log).
+MAX_WHOLE = (1 << 63) - 1
+#: Member names: what a DNS label, a path segment and `--initial-cluster` all accept.
+MEMBER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+#: A learner may be promoted when it trails the commit index by at most this many entries
+#: (and by at most a tenth of the commit index, as etcd's 90% rule).
+CATCH_UP_SLACK = 1000
+#: A refusal on the peer port is logged at most once per sender and reason in this many s.
+REFUSAL_LOG_INTERVAL = 30.0
 
 
 def error(status: int, code: str, sentence: str, **headers: str) -> web.Response:
@@ -44,17 +70,139 @@ def unavailable(sentence: str) -> web.Response:
     return error(503, "unavailable", sentence, **{"Retry-After": "1"})
 
 
+def bad_request(sentence: str) -> web.Response:
+    return error(400, "bad_request", sentence)
+
+
+def _http_exception(request: web.Request, exc: web.HTTPException) -> web.Response:
+    """aiohttp's own refusals (no route, wrong method, unreadable request) as JSON errors."""
+    where = f"{request.method} {request.path}"
+    if exc.status == 404:
+        return error(404, "not_found", f"there is no endpoint {where}")
+    if exc.status == 405:
+        allowed = sorted(getattr(exc, "allowed_methods", None) or ())
+        hint = f"; use {' or '.join(allowed)}" if allowed else ""
+        return error(405, "method_not_allowed",
+                     f"{request.method} is not allowed on {request.path}{hint}",
+                     Allow=", ".join(allowed))
+    text = (exc.text or "").strip()
+    detail = text if text and not text.startswith(f"{exc.status}:") else exc.reason
+    return error(exc.status, exc.reason.lower().replace(" ", "_"), f"{where}: {detail}")
+
+
+def _whole(text: str, what: str, minimum: int) -> int | web.Response:
+    """A whole number written in ASCII digits, from `minimum` to MAX_WHOLE, or a 400."""
+    if text.isascii() and text.isdigit() and len(text) <= 19 and minimum <= int(text) <= MAX_WHOLE:
+        return int(text)
+    return bad_request(f"{what} must be a whole number from {minimum} to {MAX_WHOLE}, "
+                       f"not {text[:40]!r}")
+
+
+def _query_whole(request: web.Request, name: str, minimum: int) -> int | web.Response | None:
+    values = request.query.getall(name, [])
+    if not values:
+        return None
+    if len(values) > 1:
+        return bad_request(f"{name} is given {len(values)} times; give it once")
+    return _whole(values[0], name, minimum)
+
+
+def _url_problem(url: Any, what: str) -> str | None:
+    """Why `url` is not an http(s) URL of a member (None when it is one)."""
+    if not isinstance(url, str) or not url:
+        return f"{what} must be a URL such as http://10.0.0.1:2380"
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (raises ValueError for a bad port)
+    except ValueError:
+        parts = None
+    if (parts is None or parts.scheme not in ("http", "https") or not parts.hostname
+            or parts.query or parts.fragment):
+        return f"{what} must be an http(s) URL with a host, such as http://10.0.0.1:2380, " \
+               f"not {url[:200]!r}"
+    return None
+
+
+class _OneLineBadRequests(logging.Filter):
+    """aiohttp logs a request it cannot parse (random bytes, a TLS hello, a bad header) at
+    ERROR with a traceback; it is the client's mistake, so one WARNING line says it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError) and 400 <= (exc.code or 0) < 500:
+            lines = [ln.strip() for ln in str(exc.message).splitlines() if ln.strip()]
+            said = record.getMessage()
+            record.msg = "%s: refused a malformed HTTP request (%s)"
+            record.args = (said, lines[0] if lines else exc.code)
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.exc_info = record.exc_text = None
+        return True
+
+
+def _quiet_bad_requests() -> None:
+    server_log = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, _OneLineBadRequests) for f in server_log.filters):
+        server_log.addFilter(_OneLineBadRequests())
+
+
+_last_refusal_logged: dict[tuple[str, str], float] = {}
+
+
+def _log_refusal(sender: str, reason: str, message: str, *args: Any) -> None:
+    """Warn about a refused peer request, at most once per REFUSAL_LOG_INTERVAL per sender
+    and reason: a misconfigured peer retries many times a second."""
+    now = time.monotonic()
+    key = (sender, reason)
+    if now - _last_refusal_logged.get(key, -REFUSAL_LOG_INTERVAL) >= REFUSAL_LOG_INTERVAL:
+        _last_refusal_logged[key] = now
+        if len(_last_refusal_logged) > 1000:
+            _last_refusal_logged.clear()
+            _last_refusal_logged[key] = now
+        log.warning(message, *args)
+
+
+@web.middleware
+async def _peer_errors(request: web.Request, handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        if exc.status == 413:
+            return error(413, "too_large", f"a peer request may carry at most "
+                         f"{PEER_BODY_LIMIT} bytes")
+        return _http_exception(request, exc)
+    except ConnectionResetError:
+        return bad_request("the connection closed before the whole request arrived")
+    except Exception:
+        log.exception("peer request %s %s failed", request.method, request.path)
+        return error(500, "internal", f"this member failed on {request.method} "
+                     f"{request.path}; its log says why")
+
+
 # --- peer API ---------------------------------------------------------------------------------
 
 
 def peer_app(node: NodeServer) -> web.Application:
     async def messages(request: web.Request) -> web.Response:
+        declared = request.content_length
+        if declared is not None and declared > PEER_BODY_LIMIT:
+            _log_refusal(str(request.remote), "too_large", "refused a peer batch of %d bytes "
+                         "from %s: the limit is %d", declared, request.remote, PEER_BODY_LIMIT)
+            return error(413, "too_large", f"a peer batch may carry at most {PEER_BODY_LIMIT} "
+                         f"bytes, not {declared}")
         body = await request.read()
         try:
             batch = decode_batch(body)
         except WireError as exc:
+            _log_refusal(str(request.remote), "bad_message", "refused a peer request from %s "
+                         "(%d bytes): %s", request.remote, len(body), exc)
             return error(400, "bad_message", f"not a Flotilla peer batch: {exc}")
         if batch.cluster_id != node.cfg.cluster_id:
+            _log_refusal(batch.sender, "wrong_cluster", "refused messages from %s at %s: they "
+                         "carry cluster id %r, this member's is %r (check --cluster-id and "
+                         "--initial-cluster)", batch.sender, request.remote, batch.cluster_id,
+                         node.cfg.cluster_id)
             return error(403, "wrong_cluster",
                          f"this member belongs to cluster {node.cfg.cluster_id!r}, not "
                          f"{batch.cluster_id!r}: check --cluster-id and --initial-cluster")
@@ -63,23 +211,64 @@ def peer_app(node: NodeServer) -> web.Application:
         node.deliver(mine)
         return web.Response(status=204)
 
+    async def stream(request: web.Request) -> web.StreamResponse:
+        """A peer's persistent stream: one binary frame per batch, for as long as it lives."""
+        theirs = request.headers.get(CLUSTER_HEADER)
+        if theirs != node.cfg.cluster_id:
+            return error(403, "wrong_cluster",
+                         f"this member belongs to cluster {node.cfg.cluster_id!r}, not "
+                         f"{theirs!r}: check --cluster-id and --initial-cluster")
+        ws = web.WebSocketResponse(max_msg_size=PEER_BODY_LIMIT, compress=False)
+        await ws.prepare(request)
+        sender = request.headers.get(SENDER_HEADER, "?")
+        async for msg in ws:
+            if msg.type is not aiohttp.WSMsgType.BINARY:
+                if msg.type is aiohttp.WSMsgType.ERROR:
+                    log.warning("stream from %s failed: %s", sender, ws.exception())
+                    break
+                continue
+            try:
+                batch = decode_batch(msg.data)
+            except WireError as exc:
+                log.warning("closing the stream from %s: %s", sender, exc)
+                await ws.close(code=aiohttp.WSCloseCode.UNSUPPORTED_DATA,
+                               message=str(exc)[:120].encode())
+                break
+            if batch.cluster_id != node.cfg.cluster_id:
+                log.warning("closing the stream from %s: a batch of cluster %r", sender,
+                            batch.cluster_id)
+                await ws.close(code=aiohttp.WSCloseCode.POLICY_VIOLATION,
+                               message=b"wrong cluster id")
+                break
+            node.transport.learn(batch.sender, batch.peer_url, batch.client_url)
+            name = node.name
+            node.deliver([m for m in batch.messages if m.to == name])
+        return ws
+
     async def snapshot(request: web.Request) -> web.Response:
         try:
-            batch = decode_batch(bytes.fromhex(request.headers.get("Flotilla-Message", "")))
+            batch = decode_batch(bytes.fromhex(request.headers.get("Flotilla-Message", "")),
+                                 snapshot=True)
         except (WireError, ValueError) as exc:
             return error(400, "bad_message", f"snapshot without a valid message header: {exc}")
         if batch.cluster_id != node.cfg.cluster_id:
             return error(403, "wrong_cluster", f"this member belongs to cluster "
                          f"{node.cfg.cluster_id!r}, not {batch.cluster_id!r}")
-        if len(batch.messages) != 1 or batch.messages[0].snapshot is None:
+        if (len(batch.messages) != 1 or batch.messages[0].snapshot is None
+                or batch.messages[0].type is not MessageType.SNAPSHOT):
             return error(400, "bad_message", "a snapshot request carries one snapshot message")
+        if batch.messages[0].to != node.name:
+            return error(400, "bad_message", f"this snapshot is for {batch.messages[0].to!r}; "
+                         f"this member is {node.name!r}")
         node.transport.learn(batch.sender, batch.peer_url, batch.client_url)
         await node.receive_snapshot(batch.messages[0], request.content.iter_chunked(1 << 20))
         return web.Response(status=204)
 
-    app = web.Application(client_max_size=PEER_BODY_LIMIT)
+    _quiet_bad_requests()
+    app = web.Application(client_max_size=PEER_BODY_LIMIT, middlewares=[_peer_errors])
     app.router.add_post(MESSAGES_PATH, messages)
     app.router.add_post(SNAPSHOT_PATH, snapshot)
+    app.router.add_get(STREAM_PATH, stream)
     return app
 
 
@@ -92,13 +281,17 @@ class ClientAPI:
         self.session: aiohttp.ClientSession | None = None
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.node.cfg.max_value_bytes + 1)
+        _quiet_bad_requests()
+        app = web.Application(client_max_size=self.node.cfg.max_value_bytes + 1,
+                              handler_args={"max_line_size": MAX_URL_BYTES})
         app.middlewares.append(self._errors)
         r = app.router
         r.add_get("/v1/kv", self.list_keys)
-        r.add_put("/v1/kv/{key:.+}", self.put)
-        r.add_get("/v1/kv/{key:.+}", self.get)
-        r.add_delete("/v1/kv/{key:.+}", self.delete)
+        for add in (r.add_put, r.add_get, r.add_delete):
+            add(KV_PREFIX, self.empty_key)
+        r.add_put(KV_PREFIX + r"{key:[\s\S]+}", self.put)
+        r.add_get(KV_PREFIX + r"{key:[\s\S]+}", self.get)
+        r.add_delete(KV_PREFIX + r"{key:[\s\S]+}", self.delete)
         r.add_get("/v1/status", self.status)
         r.add_post("/v1/members", self.add_member)
         r.add_delete("/v1/members/{name}", self.remove_member)
@@ -115,22 +308,36 @@ class ClientAPI:
         if self.session is not None:
             await self.session.close()
 
+    def _too_large(self, request: web.Request, size: int | None) -> web.Response:
+        limit = self.node.cfg.max_value_bytes
+        what = "the value" if request.path.startswith(KV_PREFIX) else "the request body"
+        has = f"has {size} bytes" if size is not None else "is larger than that"
+        return error(413, "too_large", f"{what} {has}; the limit is {limit} bytes "
+                     "(--max-value-bytes)")
+
     @web.middleware
     async def _errors(self, request: web.Request, handler) -> web.StreamResponse:
+        declared = request.content_length
+        if declared is not None and declared > self.node.cfg.max_value_bytes:
+            return self._too_large(request, declared)  # before reading a byte of it
         try:
             return await handler(request)
         except web.HTTPRequestEntityTooLarge:
-            return error(413, "too_large", f"the value is larger than the limit of "
-                         f"{self.node.cfg.max_value_bytes} bytes (--max-value-bytes)")
+            return self._too_large(request, None)
         except web.HTTPException as exc:
             if exc.status >= 400:
-                return error(exc.status, exc.reason.lower().replace(" ", "_"),
-                             f"{exc.reason}: {request.method} {request.path}")
+                return _http_exception(request, exc)
             raise
         except Unavailable as exc:
             return unavailable(str(exc))
         except TimeoutError:
             return unavailable("the cluster did not answer in time; retry")
+        except ConnectionResetError:
+            return bad_request("the connection closed before the whole request arrived")
+        except Exception:
+            log.exception("%s %s failed", request.method, request.path)
+            return error(500, "internal", f"this member failed on {request.method} "
+                         f"{request.path}; its log says why")
 
     # --- helpers -----------------------------------------------------------------------
 
@@ -139,10 +346,18 @@ class ClientAPI:
         if token is None:
             return None
         given = request.headers.get("Authorization", "")
-        if hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+        scheme, _, credentials = given.strip().partition(" ")
+        # Header text is decoded with surrogateescape: non-UTF-8 bytes must not become a 500.
+        if scheme.lower() == "bearer" and hmac.compare_digest(
+                credentials.strip().encode("utf-8", "surrogateescape"),
+                token.encode("utf-8", "surrogateescape")):
             return None
-        return error(401, "unauthorized", "admin endpoints need 'Authorization: Bearer <token>' "
-                     "with the member's --admin-token")
+        why = ("has no Authorization header" if not given else
+               "carries a wrong token" if scheme.lower() == "bearer" else
+               f"uses the {scheme[:20]!r} scheme, not Bearer")
+        return error(401, "unauthorized", f"the request {why}: admin endpoints need "
+                     "'Authorization: Bearer <token>' with the member's --admin-token",
+                     **{"WWW-Authenticate": 'Bearer realm="flotilla"'})
 
     async def _forward(self, request: web.Request, body: bytes | None) -> web.Response:
         """Send a request this member cannot serve to the leader, once."""
@@ -158,8 +373,11 @@ class ClientAPI:
                                                                           "authorization")}
         headers[FORWARDED] = self.node.name
         try:
-            async with self.session.request(request.method, url + request.rel_url.raw_path_qs,
-                                            data=body, headers=headers) as resp:
+            # encoded=True: the path goes on exactly as it came. Re-parsed, yarl would resolve
+            # dot segments and decode escapes, so /v1/kv/a/../b would write the key "b".
+            target = yarl.URL(url + request.rel_url.raw_path_qs, encoded=True)
+            async with self.session.request(request.method, target, data=body,
+                                            headers=headers) as resp:
                 payload = await resp.read()
                 keep = {k: v for k, v in resp.headers.items()
                         if k.lower().startswith("flotilla-") or k.lower() in (
@@ -170,7 +388,8 @@ class ClientAPI:
 
     async def _commit(self, request: web.Request, command: bytes, body: bytes | None):
         try:
-            return await asyncio.wait_for(self.node.propose(command), REQUEST_TIMEOUT)
+            async with asyncio.timeout(REQUEST_TIMEOUT):  # no extra task, unlike wait_for
+                return await self.node.propose(command)
         except NotLeader:
             return await self._forward(request, body)
         except TransferInProgress as exc:
@@ -184,29 +403,51 @@ class ClientAPI:
             return error(400, "bad_request", "Flotilla-Client and Flotilla-Seq go together")
         if seq is None:
             return None, None
-        if not client or not seq.isdigit() or int(seq) < 1:
-            return error(400, "bad_request", "Flotilla-Seq must be a whole number >= 1 and "
-                         "Flotilla-Client non-empty")
-        return client, int(seq)
+        if not client:
+            return bad_request("Flotilla-Client must not be empty")
+        number = _whole(seq, "Flotilla-Seq", 1)
+        if isinstance(number, web.Response):
+            return number
+        return client, number
+
+    @staticmethod
+    def _key(request: web.Request) -> str | web.Response:
+        """The key of /v1/kv/{key}: percent-decoded, UTF-8, 1 to MAX_KEY_BYTES bytes."""
+        raw = request.rel_url.raw_path
+        if raw.startswith(KV_PREFIX):
+            try:  # strictly, where aiohttp would keep an invalid escape as literal text
+                key = unquote_to_bytes(raw[len(KV_PREFIX):]).decode("utf-8")
+            except UnicodeDecodeError:
+                return bad_request("the key is not valid UTF-8 once percent-decoded")
+        else:
+            key = request.match_info.get("key", "")
+        if not key:
+            return bad_request("the key is empty: use /v1/kv/{key}")
+        size = len(key.encode("utf-8", "surrogatepass"))
+        if size > MAX_KEY_BYTES:
+            return bad_request(f"the key has {size} bytes; the limit is {MAX_KEY_BYTES}")
+        return key
+
+    async def empty_key(self, request: web.Request) -> web.Response:
+        return bad_request("the key is empty: use /v1/kv/{key}")
 
     # --- key-value -----------------------------------------------------------------------
 
     async def put(self, request: web.Request) -> web.Response:
-        key = request.match_info["key"]
+        key = self._key(request)
+        if isinstance(key, web.Response):
+            return key
+        prev = _query_whole(request, "prev_index", 0)
+        if isinstance(prev, web.Response):
+            return prev
         body = await request.read()
         if len(body) > self.node.cfg.max_value_bytes:
-            return error(413, "too_large", f"the value has {len(body)} bytes; the limit is "
-                         f"{self.node.cfg.max_value_bytes} (--max-value-bytes)")
-        prev = request.query.get("prev_index")
-        if prev is not None and (not prev.isdigit()):
-            return error(400, "bad_request",
-                         f"prev_index must be a whole number >= 0, not {prev!r}")
+            return self._too_large(request, len(body))
         session = self._session(request)
         if isinstance(session, web.Response):
             return session
         client, seq = session
-        command = encode_put(key, body, ts=int(time.time() * 1000),
-                             prev_index=None if prev is None else int(prev),
+        command = encode_put(key, body, ts=int(time.time() * 1000), prev_index=prev,
                              client=client, seq=seq)
         result = await self._commit(request, command, body)
         if isinstance(result, web.Response):
@@ -214,7 +455,9 @@ class ClientAPI:
         return self._write_answer(result)
 
     async def delete(self, request: web.Request) -> web.Response:
-        key = request.match_info["key"]
+        key = self._key(request)
+        if isinstance(key, web.Response):
+            return key
         session = self._session(request)
         if isinstance(session, web.Response):
             return session
@@ -249,18 +492,25 @@ class ClientAPI:
         return web.json_response({"index": result["index"]}, headers=headers)
 
     async def _consistent(self, request: web.Request) -> int | web.Response:
-        consistency = request.query.get("consistency", "linearizable")
+        given = request.query.getall("consistency", [])
+        consistency = given[0] if len(given) == 1 else "linearizable"
+        if len(given) > 1:
+            return bad_request(f"consistency is given {len(given)} times; give it once")
         if consistency == "serializable":
             return self.node.applied
         if consistency != "linearizable":
-            return error(400, "bad_request", "consistency must be linearizable or serializable")
-        return await asyncio.wait_for(self.node.read_barrier(), REQUEST_TIMEOUT)
+            return bad_request(f"consistency must be linearizable or serializable, not "
+                               f"{consistency[:40]!r}")
+        async with asyncio.timeout(REQUEST_TIMEOUT):
+            return await self.node.read_barrier()
 
     async def get(self, request: web.Request) -> web.Response:
+        key = self._key(request)
+        if isinstance(key, web.Response):
+            return key
         index = await self._consistent(request)
         if isinstance(index, web.Response):
             return index
-        key = request.match_info["key"]
         found = self.node.sm.get(key)
         applied = str(self.node.applied)
         if found is None:
@@ -272,14 +522,16 @@ class ClientAPI:
                                      "Flotilla-Mod-Index": str(mod_index)})
 
     async def list_keys(self, request: web.Request) -> web.Response:
-        limit = request.query.get("limit")
-        if limit is not None and (not limit.isdigit() or int(limit) < 1):
-            return error(400, "bad_request", f"limit must be a whole number >= 1, not {limit!r}")
+        limit = _query_whole(request, "limit", 1)
+        if isinstance(limit, web.Response):
+            return limit
+        prefixes = request.query.getall("prefix", [])
+        if len(prefixes) > 1:
+            return bad_request(f"prefix is given {len(prefixes)} times; give it once")
         index = await self._consistent(request)
         if isinstance(index, web.Response):
             return index
-        keys = self.node.sm.list(request.query.get("prefix", ""),
-                                 None if limit is None else int(limit))
+        keys = self.node.sm.list(prefixes[0] if prefixes else "", limit)
         return web.json_response({"index": self.node.applied, "keys": keys})
 
     # --- admin ---------------------------------------------------------------------------
@@ -291,9 +543,11 @@ class ClientAPI:
         try:
             doc = json.loads(await request.read() or b"{}")
         except ValueError as exc:
-            return error(400, "bad_request", f"the body is not JSON: {exc}")
+            return bad_request(f"the body is not JSON: {exc}")
+        except RecursionError:
+            return bad_request("the body is not JSON this member will read: nested too deeply")
         if not isinstance(doc, dict):
-            return error(400, "bad_request", "the body must be a JSON object")
+            return bad_request(f"the body must be a JSON object, not a {type(doc).__name__}")
         return doc
 
     async def _admin(self, request: web.Request, action) -> web.Response:
@@ -320,15 +574,26 @@ class ClientAPI:
     async def add_member(self, request: web.Request) -> web.Response:
         async def action(doc):
             name, peer_url = doc.get("name"), doc.get("peer_url")
-            if not isinstance(name, str) or not name or not isinstance(peer_url, str):
-                return error(400, "bad_request", 'give {"name": ..., "peer_url": ..., '
-                             '"client_url": ...}')
-            m = self.node.core.membership
+            client_url = doc.get("client_url")
+            if not isinstance(name, str) or not MEMBER_NAME.fullmatch(name):
+                return bad_request('give {"name": ..., "peer_url": ..., "client_url": ...} where '
+                                   "name is 1 to 63 letters, digits, '.', '_' or '-' starting "
+                                   f"with a letter or digit, not {str(name)[:80]!r}")
+            problem = _url_problem(peer_url, "peer_url") or (
+                None if client_url is None else _url_problem(client_url, "client_url"))
+            if problem:
+                return bad_request(problem)
+            core = self.node.core
+            m = core.membership
             if name in m.members():
                 return error(409, "member_exists", f"{name} is already a member")
-            client_url = doc.get("client_url")
-            self.node.transport.learn(name, peer_url, client_url if isinstance(client_url, str)
-                                      else None)
+            for other, url in m.addresses:
+                if url.rstrip("/") == peer_url.rstrip("/"):
+                    return error(409, "peer_url_exists", f"{other} already uses {peer_url}")
+            pending = core.log.membership_index()
+            if m.joint or pending > core.log.committed:
+                raise MembershipChangeInProgress(pending)  # before learning any address
+            self.node.transport.learn(name, peer_url, client_url, source=MEMBERSHIP)
             index = await self.node.change_membership(m.voters, m.learners | {name},
                                                       {name: peer_url})
             return web.json_response({"index": index, "config": self.node.core.membership
@@ -339,20 +604,27 @@ class ClientAPI:
         async def action(doc):
             voters = doc.get("voters")
             if not isinstance(voters, list) or not voters or not all(
-                    isinstance(v, str) for v in voters):
-                return error(400, "bad_request", 'give {"voters": ["n1", "n2", ...]}')
+                    isinstance(v, str) and v for v in voters):
+                return bad_request('give {"voters": ["n1", "n2", ...]}: a non-empty list of '
+                                   "member names")
             core = self.node.core
             m = core.membership
+            pending = core.log.membership_index()
+            if m.joint or pending > core.log.committed:
+                raise MembershipChangeInProgress(pending)  # 409 comes before any 422
             target = set(voters)
-            for name in target - m.voters:
+            if target == m.voters:
+                return web.json_response({"config": m.describe()})  # PUT is idempotent
+            for name in sorted(target - m.voters):
                 if name not in m.learners:
-                    return error(422, "not_a_learner", f"{name} must first be added as a "
-                                 "learner (POST /v1/members) and catch up")
+                    return error(422, "not_a_learner", f"{name} is not a learner of this "
+                                 "cluster: add it first (POST /v1/members) and let it catch up")
                 pr = core.progress.get(name)
-                if pr is None or core.log.committed - pr.match > 1000:
+                committed = core.log.committed
+                if pr is None or committed - pr.match > min(CATCH_UP_SLACK, committed // 10):
                     return error(422, "not_caught_up", f"learner {name} has not caught up yet "
                                  f"(match {pr.match if pr else 0}, commit "
-                                 f"{core.log.committed}); retry when it has")
+                                 f"{committed}); retry when it has")
             await self._until_settled(await self.node.change_membership(
                 target, m.learners - target))
             return web.json_response({"config": core.membership.describe()})
@@ -390,9 +662,13 @@ class ClientAPI:
     async def transfer(self, request: web.Request) -> web.Response:
         async def action(doc):
             target = doc.get("name")
-            if not isinstance(target, str):
-                return error(400, "bad_request", 'give {"name": "<voter>"}')
+            if not isinstance(target, str) or not target:
+                return bad_request('give {"name": "<voter>"}')
             core = self.node.core
+            if target not in core.membership.members():
+                return error(404, "not_found", f"{target[:80]!r} is not a member of this cluster")
+            if target == self.node.name:
+                return web.json_response({"leader": target, "term": core.term})
             self.node.transfer_leadership(target)
             deadline = time.monotonic() + self.node.cfg.election_timeout_ms / 1000 * 2
             while time.monotonic() < deadline:
@@ -406,13 +682,20 @@ class ClientAPI:
         denied = self._admin_allowed(request)
         if denied is not None:
             return denied
-        return web.json_response(await self.node.take_snapshot())
+        try:
+            return web.json_response(await self.node.take_snapshot())
+        except RuntimeError as exc:  # the store and the machine take one snapshot at a time
+            return unavailable(f"a snapshot is already being written; retry shortly ({exc})")
 
     async def metrics(self, request: web.Request) -> web.Response:
-        text = self.node.metrics.render(self.node.core.log.committed, self.node.role())
+        text = self.node.metrics.render(self.node.core.log.committed, self.node.role(),
+                                        self.node.transport.dials)
         return web.Response(text=text, content_type="text/plain")
 
     async def healthz(self, request: web.Request) -> web.Response:
+        if self.node.fatal is not None:
+            return error(503, "failed", f"this member's main loop failed and it is stopping: "
+                         f"{self.node.fatal}")
         return web.json_response({"ok": True})
 
     async def readyz(self, request: web.Request) -> web.Response:

@@ -2,7 +2,9 @@
 
 Exit codes (the contract): 0 after a clean shutdown on SIGTERM/SIGINT (a leader hands
 leadership over first, within 5 s); 2 for bad flags, with a one-line reason; 3 for a data dir
-this member will not use (corruption, another cluster's data), naming the file and offset.
+this member will not use (corruption, another cluster's data), naming the file and offset,
+or a storage failure while running; 1 when the member's main loop failed for another reason
+(a bug: the log says where), so a supervisor restarts it instead of it lingering half-alive.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from . import config
 from .http_api import ClientAPI, peer_app
 from .server import NodeServer
 
-EXIT_OK, EXIT_USAGE, EXIT_DATA = 0, 2, 3
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_DATA = 0, 1, 2, 3
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -62,10 +64,17 @@ async def _serve(node: NodeServer) -> int:
         runners.append(runner)
     logging.getLogger(__name__).info("serving peers on %s, clients on %s",
                                      cfg.advertise_peer, cfg.advertise_client)
-    await stop.wait()
+    stopped = asyncio.create_task(stop.wait())
+    died = asyncio.create_task(node.dead.wait())
+    await asyncio.wait((stopped, died), return_when=asyncio.FIRST_COMPLETED)
+    for task in (stopped, died):
+        task.cancel()
     await node.stop()
     for runner in runners:
         await runner.cleanup()
+    if node.fatal is not None:
+        print(f"flotilla node: stopped after a fatal error: {node.fatal}", file=sys.stderr)
+        return EXIT_DATA if isinstance(node.fatal, StorageError) else EXIT_FAILED
     return EXIT_OK
 
 

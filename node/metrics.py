@@ -9,6 +9,7 @@ from __future__ import annotations
 import bisect
 
 FSYNC_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096)
 
 
 class Histogram:
@@ -44,12 +45,20 @@ class Metrics:
         self.snapshots_taken = 0
         self.snapshots_sent = 0
         self.snapshots_installed = {"archive": 0, "leader": 0}
+        self.proposals_refused = 0
+        self.appended_entries = 0
         self.fsync = Histogram(FSYNC_BUCKETS)
+        self.append = Histogram(FSYNC_BUCKETS)
+        self.append_batch = Histogram(BATCH_BUCKETS)
 
-    def observe_fsync(self, seconds: float) -> None:
-        self.fsync.observe(seconds)
+    def observe_append(self, entries: int, append_seconds: float, fsync_seconds: float) -> None:
+        """One group commit: `entries` written and made durable by one fsync."""
+        self.appended_entries += entries
+        self.append.observe(append_seconds)
+        self.fsync.observe(fsync_seconds)
+        self.append_batch.observe(entries)
 
-    def render(self, commit_index: int, role: str) -> str:
+    def render(self, commit_index: int, role: str, peer_dials: dict[str, int] | None = None) -> str:
         lines = [
             "# HELP flotilla_term Current Raft term.",
             "# TYPE flotilla_term gauge",
@@ -69,6 +78,13 @@ class Metrics:
             "# HELP flotilla_proposals_total Proposals this member accepted as leader.",
             "# TYPE flotilla_proposals_total counter",
             f"flotilla_proposals_total {self.proposals}",
+            "# HELP flotilla_proposals_refused_total Writes refused because too many were "
+            "already waiting (back-pressure, answered 503).",
+            "# TYPE flotilla_proposals_refused_total counter",
+            f"flotilla_proposals_refused_total {self.proposals_refused}",
+            "# HELP flotilla_log_appended_entries_total Entries appended to this member's log.",
+            "# TYPE flotilla_log_appended_entries_total counter",
+            f"flotilla_log_appended_entries_total {self.appended_entries}",
             "# HELP flotilla_snapshots_taken_total Snapshots this member wrote.",
             "# TYPE flotilla_snapshots_taken_total counter",
             f"flotilla_snapshots_taken_total {self.snapshots_taken}",
@@ -80,5 +96,17 @@ class Metrics:
         ]
         for source, count in sorted(self.snapshots_installed.items()):
             lines.append(f'flotilla_snapshots_installed_total{{source="{source}"}} {count}')
+        lines += [
+            "# HELP flotilla_peer_stream_dials_total Peer streams this member opened, by peer "
+            "(a count that keeps rising means a flapping link).",
+            "# TYPE flotilla_peer_stream_dials_total counter",
+        ]
+        for peer, count in sorted((peer_dials or {}).items()):
+            lines.append(f'flotilla_peer_stream_dials_total{{peer="{peer}"}} {count}')
         lines += self.fsync.render("flotilla_fsync_seconds", "Duration of log fsyncs.")
+        lines += self.append.render(
+            "flotilla_append_seconds",
+            "Duration of a group commit: writing a batch of entries to the log and its fsync.")
+        lines += self.append_batch.render(
+            "flotilla_append_batch_entries", "Entries made durable by one group commit.")
         return "\n".join(lines) + "\n"

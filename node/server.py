@@ -42,7 +42,7 @@ from flotilla.node.storage import (
 
 from .config import NodeConfig
 from .metrics import Metrics
-from .transport import PeerTransport
+from .transport import CONFIGURED, MEMBERSHIP, PeerTransport
 
 log = logging.getLogger(__name__)
 
@@ -51,10 +51,18 @@ class Unavailable(Exception):
     """The request cannot be served by this member now (no leader, leadership lost)."""
 
 
+# Back-pressure: a leader holds at most this many unanswered writes (or bytes of them). When
+# followers or the disk fall behind, further writes get 503 + Retry-After at once instead of
+# queueing without bound in memory; clients back off and retry.
+MAX_PENDING_PROPOSALS = 8192
+MAX_PENDING_BYTES = 64 << 20
+
+
 @dataclass
 class _Proposal:
     term: int
     future: asyncio.Future
+    size: int
 
 
 class NodeServer:
@@ -64,12 +72,16 @@ class NodeServer:
         self.metrics = Metrics()
         self._inbox: list[Message] = []
         self._proposals: dict[int, _Proposal] = {}
+        self._pending_bytes = 0
         self._read_ids = itertools.count(1)
         self._reads: dict[int, asyncio.Future] = {}
         # Futures resolved with the applied index once it reaches theirs (reads, admin waits).
         self._waiters: list[tuple[int, asyncio.Future]] = []
         self._wakeup = asyncio.Event()
         self._stopping = False
+        # Set when the loop that owns the core died: the member must stop, not linger.
+        self.fatal: BaseException | None = None
+        self.dead = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         self._snapshotting = False
         self._background: set[asyncio.Task] = set()
@@ -111,7 +123,7 @@ class NodeServer:
                 f"{cfg.data_dir}: the log starts after index {recovered.snapshot.index} but no "
                 "snapshot file covers it. Remove the data dir and re-add this member as a learner"
             )
-        self.applied = recovered.snapshot.index
+        self.applied = self.metrics.applied = recovered.snapshot.index
         settings = Settings(
             rng=random.Random(),  # a member's own timeouts need no reproducibility
             election_ticks=cfg.election_ticks,
@@ -122,11 +134,14 @@ class NodeServer:
             cfg.name, cfg.cluster_id, cfg.advertise_peer, cfg.advertise_client,
             on_unreachable=self._peer_unreachable, on_snapshot_sent=self._snapshot_sent,
             snapshot_source=self._snapshot_payload,
+            # A stream that swallows bytes is noticed within 1.5 pings and dialled again.
+            ping_interval=max(1.0, cfg.election_timeout_ms / 1000),
         )
         for name, url in cfg.initial_cluster.items():
-            self.transport.learn(name, peer_url=url)
+            self.transport.learn(name, peer_url=url, source=CONFIGURED)
+        self.transport.learn(cfg.name, cfg.advertise_peer, cfg.advertise_client,
+                             source=CONFIGURED)
         self._learn_addresses(self.core.membership)
-        self.transport.learn(cfg.name, cfg.advertise_peer, cfg.advertise_client)
 
     async def start(self) -> None:
         await self.transport.start()
@@ -134,7 +149,7 @@ class NodeServer:
 
     async def stop(self) -> None:
         """Hand leadership over (within 5 s) if we lead, then stop."""
-        if self.core.role is Role.LEADER:
+        if self.core.role is Role.LEADER and self.fatal is None:
             await self._hand_over_leadership(deadline=time.monotonic() + 5)
         self._stopping = True
         self._wakeup.set()
@@ -169,9 +184,16 @@ class NodeServer:
 
     async def propose(self, command: bytes) -> Any:
         """Commit `command` through the log and return the state machine's result."""
+        if (len(self._proposals) >= MAX_PENDING_PROPOSALS
+                or self._pending_bytes + len(command) > MAX_PENDING_BYTES):
+            self.metrics.proposals_refused += 1
+            raise Unavailable(
+                f"{len(self._proposals)} writes ({self._pending_bytes} bytes) are already "
+                "waiting for the disk or the followers; retry shortly")
         index = self.core.propose(command)  # raises NotLeader / TransferInProgress
         fut = asyncio.get_running_loop().create_future()
-        self._proposals[index] = _Proposal(self.core.term, fut)
+        self._proposals[index] = _Proposal(self.core.term, fut, len(command))
+        self._pending_bytes += len(command)
         self.metrics.proposals += 1
         self._wakeup.set()
         return await fut
@@ -215,7 +237,13 @@ class NodeServer:
         next_at = loop.time()
         while not self._stopping:
             next_at += interval
-            await asyncio.sleep(max(0.0, next_at - loop.time()))
+            now = loop.time()
+            if now - next_at > interval:
+                # We were paused (SIGSTOP, a stalled VM, a long GC): ticks missed are not
+                # replayed in a burst, which would time out elections before the messages
+                # queued meanwhile are even read. Time resumes from now.
+                next_at = now
+            await asyncio.sleep(max(0.0, next_at - now))
             self.core.tick()
             self._wakeup.set()
 
@@ -233,10 +261,15 @@ class NodeServer:
                     if not core.has_ready():
                         break
                     await self._carry_out(core.ready())
-            except StorageError:
-                log.exception("storage failed; this member stops to protect its data")
+            except Exception as exc:  # any failure here ends the member
+                if isinstance(exc, StorageError):
+                    log.exception("storage failed; this member stops to protect its data")
+                else:
+                    log.exception("the member's main loop failed; stopping")
+                self.fatal = exc
                 self._stopping = True
-                raise
+                self.dead.set()
+                return
 
     async def _carry_out(self, rd: Ready) -> None:
         core = self.core
@@ -246,14 +279,16 @@ class NodeServer:
         if rd.snapshot is not None:
             await self._install_snapshot(rd)
         if rd.entries:
+            appending = time.perf_counter()
             storage.append(rd.entries)
             self._count_log_bytes(rd.entries)
         if rd.hard_state is not None:
             storage.save_hard_state(rd.hard_state)
         if rd.entries:
-            started = time.perf_counter()
+            syncing = time.perf_counter()
             await asyncio.to_thread(storage.sync)
-            self.metrics.observe_fsync(time.perf_counter() - started)
+            done = time.perf_counter()
+            self.metrics.observe_append(len(rd.entries), done - appending, done - syncing)
         if rd.persisted_messages:
             self.transport.send(rd.persisted_messages)
         if rd.soft_state is not None:
@@ -283,7 +318,10 @@ class NodeServer:
                 self._learn_addresses(Membership.decode(entry.data))
             self.applied = entry.index
             waiting = proposals.pop(entry.index, None) if proposals else None
-            if waiting is not None and not waiting.future.done():
+            if waiting is None:
+                continue
+            self._pending_bytes -= waiting.size
+            if not waiting.future.done():
                 if waiting.term == entry.term:
                     waiting.future.set_result(result)
                 else:
@@ -314,7 +352,7 @@ class NodeServer:
 
     def _learn_addresses(self, membership: Membership) -> None:
         for name, url in membership.addresses:
-            self.transport.learn(name, peer_url=url)
+            self.transport.learn(name, peer_url=url, source=MEMBERSHIP)
 
     def _peer_unreachable(self, peer: str) -> None:
         self.core.report_unreachable(peer)
@@ -332,12 +370,17 @@ class NodeServer:
             self._log_bytes_since_snapshot, self._entries_since_snapshot, self._snapshot_bytes)
         if rule is not None:
             self._snapshotting = True
-            task = asyncio.create_task(self.take_snapshot(reason=rule))
+            task = asyncio.create_task(self.take_snapshot(reason=rule, claimed=True))
             self._background.add(task)  # a task nobody references may be collected mid-run
             task.add_done_callback(self._background.discard)
 
-    async def take_snapshot(self, reason: str = "requested") -> dict[str, Any]:
-        """Write a snapshot of the applied state without stopping applies, then compact."""
+    async def take_snapshot(self, reason: str = "requested", *, claimed: bool = False
+                            ) -> dict[str, Any]:
+        """Write a snapshot of the applied state without stopping applies, then compact.
+        Raises RuntimeError while another snapshot is being written (`claimed`: the caller
+        already set the flag for this one)."""
+        if self._snapshotting and not claimed:
+            raise RuntimeError("a snapshot is already being written")
         self._snapshotting = True
         try:
             index = self.applied
@@ -421,12 +464,13 @@ class NodeServer:
 
         self.sm = await asyncio.to_thread(restore)
         await asyncio.to_thread(self.storage.install_snapshot, snap.meta)
-        self.applied = snap.meta.index
+        self.applied = self.metrics.applied = snap.meta.index
         self._learn_addresses(snap.meta.membership)
         self._remember_snapshot(StoredSnapshot(snap.meta, self.sm.kind, path))
         self.metrics.snapshots_installed["leader"] += 1
         for index in [i for i in self._proposals if i <= snap.meta.index]:
             p = self._proposals.pop(index)
+            self._pending_bytes -= p.size
             if not p.future.done():
                 p.future.set_exception(Unavailable("superseded by a snapshot; retry"))
         log.info("installed snapshot %d from the leader", snap.meta.index)

@@ -1,10 +1,15 @@
-"""Peer transport: Raft messages as msgpack batches over persistent aiohttp connections.
+"""Peer transport: Raft messages as msgpack batches over one persistent stream per peer.
 
-Each peer has one sender task. Messages queue while a request is in flight and leave as one
-batch with the next request, so a busy leader sends few, large requests (batching without a
-timer). Raft tolerates loss, so a failed request drops its batch and tells the core the peer is
+Each member dials a WebSocket (`GET /raft/v1/stream`) to every peer it sends to and writes
+each batch as one binary frame; the peer's answers come back on the stream that peer dialled.
+A frame costs a few microseconds where an HTTP request costs hundreds, and that difference is
+most of a write's latency. Each peer has one sender task: messages queue while it is busy and
+leave as one batch with its next frame, so a busy leader sends few, large frames (batching
+without a timer). The stream pings every `ping_interval` seconds and is dropped when no pong
+comes back, so a silently broken link (a partition that swallows bytes) is noticed and dialled
+again. Raft tolerates loss: a failed send drops its batch and tells the core the peer is
 unreachable; the core then probes again. Snapshots are not messages: their payload is streamed
-from the snapshot file in a request of its own.
+from the snapshot file in an HTTP request of its own.
 """
 
 from __future__ import annotations
@@ -24,6 +29,12 @@ log = logging.getLogger(__name__)
 
 MESSAGES_PATH = "/raft/v1/messages"
 SNAPSHOT_PATH = "/raft/v1/snapshot"
+STREAM_PATH = "/raft/v1/stream"
+CLUSTER_HEADER = "Flotilla-Cluster-Id"
+SENDER_HEADER = "Flotilla-Sender"
+STREAM_FRAME_LIMIT = 64 << 20
+# Where a peer URL came from, strongest first (see PeerTransport.learn).
+CONFIGURED, MEMBERSHIP, ADVERTISED = "configured", "membership", "advertised"
 SNAPSHOT_CHUNK = 1 << 20
 
 
@@ -37,16 +48,20 @@ class PeerTransport:
         on_unreachable: Callable[[str], None],
         on_snapshot_sent: Callable[[str, bool], None],
         snapshot_source: Callable[[Message], BinaryIO | None],
+        ping_interval: float = 1.0,
     ) -> None:
         self.name = name
         self.cluster_id = cluster_id
         self.peer_url = peer_url
         self.client_url = client_url
         self.peer_urls: dict[str, str] = {}
+        self._url_source: dict[str, str] = {}
         self.client_urls: dict[str, str] = {}
         self._on_unreachable = on_unreachable
         self._on_snapshot_sent = on_snapshot_sent
         self._snapshot_source = snapshot_source
+        self.ping_interval = ping_interval
+        self.dials: dict[str, int] = {}  # streams opened per peer (a metric)
         self._queues: dict[str, list[Message]] = {}
         self._wakeups: dict[str, asyncio.Event] = {}
         self._tasks: dict[str, asyncio.Task] = {}
@@ -61,19 +76,27 @@ class PeerTransport:
         )
 
     async def close(self) -> None:
-        for task in self._tasks.values():
+        tasks = [*self._tasks.values(), *self._streams]
+        for task in tasks:
             task.cancel()
-        if self._tasks:
-            await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
         if self._session is not None:
             await self._session.close()
 
-    def learn(self, name: str, peer_url: str | None = None, client_url: str | None = None) -> None:
-        """Record how to reach `name`. The first peer URL known for a member wins (this
-        member's own --initial-cluster comes first): what a peer advertises must not override
-        the route this member was configured with, which may go through a proxy or a NAT."""
-        if peer_url and name not in self.peer_urls:
-            self.peer_urls[name] = peer_url.rstrip("/")
+    def learn(self, name: str, peer_url: str | None = None, client_url: str | None = None,
+              source: str = ADVERTISED) -> None:
+        """Record how to reach `name`. Sources rank: CONFIGURED (this member's own flags:
+        --initial-cluster, its own URLs) is never overridden, since that route may go through
+        a proxy or a NAT; MEMBERSHIP (a committed configuration, an admin add) replaces what
+        came from the membership before, so a member re-added at a new URL is dialled there;
+        ADVERTISED (what a peer says of itself in its batches) only fills in the unknown."""
+        if peer_url:
+            url = peer_url.rstrip("/")
+            held = self._url_source.get(name)
+            if held is None or (source != ADVERTISED and held != CONFIGURED):
+                self.peer_urls[name] = url
+                self._url_source[name] = source
         if client_url:
             self.client_urls[name] = client_url.rstrip("/")
 
@@ -92,6 +115,8 @@ class PeerTransport:
 
     async def _sender(self, peer: str) -> None:
         wakeup = self._wakeups[peer]
+        stream: aiohttp.ClientWebSocketResponse | None = None
+        dialled = None  # the URL `stream` goes to
         while True:
             await wakeup.wait()
             wakeup.clear()
@@ -106,15 +131,57 @@ class PeerTransport:
                 continue
             body = encode_batch(self.cluster_id, self.name, self.peer_url, self.client_url, batch)
             try:
-                async with self._session.post(url + MESSAGES_PATH, data=body) as resp:
-                    if resp.status != 204:
-                        text = await resp.text()
-                        log.warning("peer %s refused messages: %s %s", peer, resp.status,
-                                    text[:200])
+                if stream is not None and dialled != url:  # the member moved
+                    await stream.close()
+                if stream is None or stream.closed:
+                    dialled = url
+                    stream = await self._dial(peer, url)
+                    if stream is None:
                         self._on_unreachable(peer)
-            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+                        continue
+                await stream.send_bytes(body)
+            except (TimeoutError, aiohttp.ClientError, OSError, RuntimeError) as exc:
                 log.debug("sending to %s failed: %s", peer, exc)
+                stream = None
                 self._on_unreachable(peer)
+
+    async def _dial(self, peer: str, url: str) -> aiohttp.ClientWebSocketResponse | None:
+        """Open the stream to `peer`, or log why not and return None (the core retries)."""
+        self.dials[peer] = self.dials.get(peer, 0) + 1
+        try:
+            # A dial into a black hole must not hold this peer's messages for long.
+            async with asyncio.timeout(self.ping_interval):
+                stream = await self._session.ws_connect(
+                    url + STREAM_PATH, headers={CLUSTER_HEADER: self.cluster_id,
+                                                SENDER_HEADER: self.name},
+                    heartbeat=self.ping_interval, max_msg_size=STREAM_FRAME_LIMIT,
+                    timeout=aiohttp.ClientWSTimeout(ws_close=1.0), autoclose=True, compress=0,
+                )
+        except aiohttp.WSServerHandshakeError as exc:
+            log.warning("peer %s refused the stream: %s %s", peer, exc.status, exc.message)
+            return None
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            log.debug("cannot reach %s: %s", peer, exc)
+            return None
+        watcher = asyncio.create_task(self._watch(peer, stream))
+        self._streams.add(watcher)
+        watcher.add_done_callback(self._streams.discard)
+        return stream
+
+    async def _watch(self, peer: str, stream: aiohttp.ClientWebSocketResponse) -> None:
+        """Read the stream's control frames (pongs, close) so a dead link is noticed."""
+        try:
+            async for msg in stream:
+                if msg.type is aiohttp.WSMsgType.ERROR:
+                    break
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            log.debug("stream to %s failed: %s", peer, exc)
+        finally:
+            if not stream.closed:
+                await stream.close()
+            if stream.close_code not in (None, aiohttp.WSCloseCode.OK,
+                                         aiohttp.WSCloseCode.GOING_AWAY):
+                log.warning("stream to %s closed: code %s", peer, stream.close_code)
 
     def _send_snapshot(self, m: Message) -> None:
         if m.to in self._snapshots_in_flight:

@@ -12,10 +12,19 @@ from __future__ import annotations
 from typing import Any
 
 import msgpack
-from flotilla.node.consensus import Entry, Membership, Message, MessageType, Snapshot, SnapshotMeta
+from flotilla.node.consensus import (
+    Entry,
+    EntryKind,
+    Membership,
+    Message,
+    MessageType,
+    Snapshot,
+    SnapshotMeta,
+)
 
 VERSION = 1
 _TYPES = {int(t): t for t in MessageType}
+_KINDS = {int(k) for k in EntryKind}
 
 
 class WireError(ValueError):
@@ -55,11 +64,15 @@ class Batch:
         self.messages = messages
 
 
-def decode_batch(body: bytes) -> Batch:
+def decode_batch(body: bytes, *, snapshot: bool = False) -> Batch:
+    """Decode and check a batch. A snapshot message is refused unless `snapshot` (the snapshot
+    route, where its payload follows): in a plain batch it would reach the core without the
+    file that installing it needs."""
     try:
         doc = msgpack.unpackb(body, raw=False, use_list=True, strict_map_key=True)
     except Exception as exc:
-        raise WireError(f"not a msgpack peer batch: {exc}") from exc
+        raise WireError(f"not a msgpack peer batch: {str(exc) or exc.__class__.__name__}"
+                        ) from exc
     if not isinstance(doc, list) or len(doc) != 6 or doc[0] != VERSION:
         raise WireError(f"not a version {VERSION} peer batch")
     _, cluster_id, sender, peer_url, client_url, raw = doc
@@ -72,8 +85,24 @@ def decode_batch(body: bytes) -> Batch:
         m = _decode(item)
         if m.frm != sender:
             raise WireError(f"message from {m.frm!r} inside a batch from {sender!r}")
+        if not snapshot and (m.type is MessageType.SNAPSHOT or m.snapshot is not None):
+            raise WireError("a snapshot message travels alone on the snapshot route, with its "
+                            "payload, never in a batch")
         messages.append(m)
     return Batch(cluster_id, sender, peer_url, client_url, messages)
+
+
+def _membership(raw: bytes) -> Membership:
+    """A snapshot's membership, checked as strictly as the rest of a batch."""
+    try:
+        membership = Membership.decode(raw)
+    except Exception as exc:  # JSON of any shape arrives here: a list, nesting, odd types
+        raise WireError(f"bad snapshot membership: {exc.__class__.__name__}: {exc}") from exc
+    names = membership.voters | membership.learners | (membership.outgoing or frozenset())
+    if not all(isinstance(n, str) for n in names) or not all(
+            isinstance(n, str) and isinstance(u, str) for n, u in membership.addresses):
+        raise WireError("bad snapshot membership: names and addresses must be strings")
+    return membership
 
 
 def _int(x: Any, what: str) -> int:
@@ -99,15 +128,24 @@ def _decode(item: Any) -> Message:
         if (not isinstance(e, list) or len(e) != 4 or type(e[0]) is not int
                 or type(e[1]) is not int or type(e[2]) is not int or type(e[3]) is not bytes):
             raise WireError("an entry must be [index, term, kind, bytes]")
-        decoded.append(Entry(e[0], e[1], e[2], e[3]))
+        if e[2] not in _KINDS:
+            raise WireError(f"unknown entry kind {e[2]}")
+        decoded.append(Entry(_int(e[0], "entry index"), _int(e[1], "entry term"),
+                             e[2], e[3]))
+    if decoded:  # what any leader's log slice looks like; anything else would corrupt a log
+        first = _int(index, "index") + 1
+        for i, e in enumerate(decoded):
+            if e.index != first + i:
+                raise WireError(f"entries must follow index {first - 1} one by one; entry "
+                                f"{i} has index {e.index}")
+            before = decoded[i - 1].term if i else _int(log_term, "log term")
+            if e.term > _int(term, "term") or e.term < before:
+                raise WireError("entry terms must not decrease nor exceed the message's term")
     snapshot = None
     if snap is not None:
         if not isinstance(snap, list) or len(snap) != 3 or type(snap[2]) is not bytes:
             raise WireError("a snapshot must be [index, term, membership]")
-        try:
-            membership = Membership.decode(snap[2])
-        except (ValueError, KeyError, TypeError) as exc:
-            raise WireError(f"bad snapshot membership: {exc}") from exc
+        membership = _membership(snap[2])
         snapshot = Snapshot(SnapshotMeta(_int(snap[0], "snapshot index"),
                                          _int(snap[1], "snapshot term"), membership))
     if context is not None and not isinstance(context, (int, str)):

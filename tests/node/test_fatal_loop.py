@@ -1,0 +1,62 @@
+"""A member whose main loop fails must stop, not linger answering HTTP while doing nothing.
+
+In-process: one member on a temporary data dir whose disk starts failing; the loop records
+the failure, sets `dead`, fails `/healthz`, and `flotilla node` turns it into exit code 3.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from flotilla.node.config import parse
+from flotilla.node.main import EXIT_DATA, EXIT_FAILED, _serve
+from flotilla.node.server import NodeServer
+from flotilla.node.storage import StorageError
+from flotilla.node.statemachine.kv import encode_put
+
+from tests.harness.ports import allocate_ports
+
+
+def _node(tmp_path) -> NodeServer:
+    peer, client = allocate_ports(2)
+    cfg = parse(["--name", "n1", "--data-dir", str(tmp_path / "n1"),
+                 "--listen-peer", f"127.0.0.1:{peer}", "--listen-client", f"127.0.0.1:{client}",
+                 "--initial-cluster", f"n1=http://127.0.0.1:{peer}",
+                 "--election-timeout-ms", "200", "--heartbeat-ms", "20"])
+    node = NodeServer(cfg)
+    node.open()
+    return node
+
+
+async def _until_leader(node: NodeServer) -> None:
+    for _ in range(200):
+        if node.role() == "leader":
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("a single member never became leader")
+
+
+@pytest.mark.parametrize(("failure", "code"), [
+    (StorageError("disk gone"), EXIT_DATA),
+    (RuntimeError("a bug"), EXIT_FAILED),
+])
+def test_a_failed_loop_stops_the_member_with_an_exit_code(tmp_path, failure, code):
+    node = _node(tmp_path)
+
+    def broken_sync() -> None:
+        raise failure
+
+    async def scenario() -> int:
+        serving = asyncio.create_task(_serve(node))
+        await _until_leader(node)
+        node.storage.sync = broken_sync
+        write = asyncio.create_task(node.propose(encode_put("k", b"v", ts=0)))
+        rc = await asyncio.wait_for(serving, 10)
+        assert node.fatal is failure
+        assert node.dead.is_set()
+        with pytest.raises(Exception, match="shutting down"):
+            await asyncio.wait_for(write, 5)  # the waiting client is answered, not left hanging
+        return rc
+
+    assert asyncio.run(scenario()) == code
