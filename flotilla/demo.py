@@ -1,158 +1,107 @@
 """The README's main job: a local three-member cluster that survives losing its leader.
 
-Starts three `flotilla node` processes on loopback, writes and reads through different members,
-kills the leader with SIGKILL, keeps writing while the others elect a new one (and says how
-long writes were unavailable), restarts the killed member and shows that it caught up.
-Usage: python -m flotilla.demo [--dir DIR] [--base-port 27000]
+Starts a local cluster (``flotilla.local``, what ``flotilla up`` runs), writes through every
+member with the Python client (``flotilla.client``), kills the leader with SIGKILL, keeps
+writing while the others elect a new one (and says how long writes were unavailable),
+restarts the killed member and shows that it caught up, then stops the cluster.
+Usage: python -m flotilla.demo [--dir DIR] [--base-port PORT]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
-NAMES = ("n1", "n2", "n3")
+from flotilla import local
+from flotilla.client import Client
 
 
 def say(text: str) -> None:
     print(f"==> {text}", flush=True)
 
 
-def request(method: str, url: str, body: bytes | None = None, timeout: float = 2.0):
-    req = urllib.request.Request(url, data=body, method=method)
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.status, resp.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
+def _fresh(root: Path) -> None:
+    """Stop whatever an earlier, interrupted demo left running in ``root``, then empty it."""
+    if local.LocalCluster.exists(root):
+        with contextlib.suppress(local.LocalClusterError):
+            local.LocalCluster.load(root).stop(timeout=5)
+    shutil.rmtree(root, ignore_errors=True)
 
 
-class Cluster:
-    def __init__(self, root: Path, base_port: int) -> None:
-        self.root = root
-        self.peer = {n: f"127.0.0.1:{base_port + i}" for i, n in enumerate(NAMES)}
-        self.client = {n: f"127.0.0.1:{base_port + 10 + i}" for i, n in enumerate(NAMES)}
-        self.procs: dict[str, subprocess.Popen] = {}
-
-    def url(self, name: str) -> str:
-        return f"http://{self.client[name]}"
-
-    def start(self, name: str) -> None:
-        initial = ",".join(f"{n}=http://{self.peer[n]}" for n in NAMES)
-        log = open(self.root / f"{name}.log", "ab")  # noqa: SIM115 - the child owns it
-        self.procs[name] = subprocess.Popen(
-            [sys.executable, "-m", "flotilla.node", "--name", name,
-             "--data-dir", str(self.root / name), "--listen-peer", self.peer[name],
-             "--listen-client", self.client[name], "--initial-cluster", initial,
-             "--cluster-id", "demo"],
-            stdout=log, stderr=log)
-
-    def status(self, name: str) -> dict | None:
-        try:
-            code, body = request("GET", self.url(name) + "/v1/status", timeout=1)
-        except OSError:
-            return None
-        return json.loads(body) if code == 200 else None
-
-    def leader(self, timeout: float = 15) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for name in self.procs:
-                st = self.status(name)
-                if st and st["role"] == "leader":
-                    return name
-            time.sleep(0.05)
-        raise SystemExit("no leader was elected; see the member logs in " + str(self.root))
-
-    def stop(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+def _wait_caught_up(cluster: local.LocalCluster, name: str, target: int,
+                    timeout: float = 20.0) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        doc = cluster.member_status(name)
+        if doc and doc["applied_index"] >= target:
+            return doc["applied_index"]
+        time.sleep(0.05)
+    raise SystemExit(f"{name} did not catch up; see {cluster.member(name).log_file}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dir", default=".flotilla/demo", help="where member data dirs go")
-    parser.add_argument("--base-port", type=int, default=27000)
+    parser.add_argument("--dir", default=".flotilla/demo", help="where the cluster lives")
+    parser.add_argument("--base-port", type=int, default=None,
+                        help="fixed ports (peers at BASE+i, clients at BASE+10+i); "
+                             "default: free ports")
     args = parser.parse_args(argv)
     root = Path(args.dir)
-    shutil.rmtree(root, ignore_errors=True)
-    root.mkdir(parents=True)
-    cluster = Cluster(root, args.base_port)
+    _fresh(root)
+
+    say(f"starting 3 members (data under {root})")
     try:
-        say(f"starting 3 members (data under {root})")
-        for name in NAMES:
-            cluster.start(name)
-        leader = cluster.leader()
+        cluster, leader = local.up(root, 3, base_port=args.base_port, say=say)
+    except local.LocalClusterError as exc:
+        raise SystemExit(f"the cluster did not start: {exc}") from None
+    try:
+        for m in cluster.members:
+            say(f"  {m.name}: {m.client_url} (pid {m.pid}, log {m.log_file})")
         say(f"{leader} is the leader")
 
         say("writing 100 keys through every member (followers forward to the leader)")
+        through = {m.name: Client(m.client_url, prefer_leader=False) for m in cluster.members}
         for i in range(100):
-            name = NAMES[i % 3]
-            code, body = request("PUT", f"{cluster.url(name)}/v1/kv/key{i:03d}",
-                                 f"value{i}".encode())
-            assert code == 200, (code, body)
-        code, body = request("GET", f"{cluster.url(NAMES[1])}/v1/kv/key042")
-        say(f"linearizable read of key042 from n2: {body.decode()}")
+            through[cluster.names[i % 3]].put(f"key{i:03d}", f"value{i}".encode())
+        read = through["n2"].get("key042")
+        say(f"linearizable read of key042 from n2: {read.value.decode()} "
+            f"(written at index {read.mod_index})")
+        for c in through.values():
+            c.close()
 
+        client = cluster.client(timeout=15)
         say(f"kill -9 the leader ({leader}) and keep writing")
-        cluster.procs[leader].kill()
-        cluster.procs[leader].wait()
-        others = [n for n in NAMES if n != leader]
+        cluster.kill(leader)
         killed_at = time.monotonic()
-        written = 0
-        while written < 50:
-            for name in others:
-                try:
-                    code, _ = request("PUT", f"{cluster.url(name)}/v1/kv/after{written:03d}",
-                                      b"still here")
-                except OSError:
-                    code = 0
-                if code == 200:
-                    if written == 0:
-                        say(f"writes resumed {time.monotonic() - killed_at:.2f} s after the "
-                            f"kill; new leader {cluster.leader()}")
-                    written += 1
-                    break
-            else:
-                time.sleep(0.02)
+        client.put("after000", b"still here")  # retried, exactly once, until a leader takes it
+        new_leader = client.status()["name"]
+        say(f"writes resumed {time.monotonic() - killed_at:.2f} s after the kill; "
+            f"new leader {new_leader}")
+        for i in range(1, 50):
+            client.put(f"after{i:03d}", b"still here")
         say("50 more writes acknowledged by the surviving majority")
 
         say(f"restarting {leader} on its old data; it catches up from the new leader")
-        cluster.start(leader)
-        target = cluster.status(cluster.leader())["commit_index"]
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            st = cluster.status(leader)
-            if st and st["applied_index"] >= target:
-                break
-            time.sleep(0.05)
-        else:
-            raise SystemExit(f"{leader} did not catch up; see {root}/{leader}.log")
-        code, body = request("GET", f"{cluster.url(leader)}/v1/kv/after049"
-                             "?consistency=serializable")
-        say(f"{leader} applied up to {st['applied_index']} and serves after049 locally: "
-            f"{body.decode()}")
-        code, body = request("GET", f"{cluster.url(leader)}/v1/kv?prefix=key")
-        say(f"keys under 'key': {len(json.loads(body)['keys'])} of 100")
-        say("done: the cluster carried on without its leader and healed")
-        return 0
+        cluster.restart(leader)
+        applied = _wait_caught_up(cluster, leader, client.status()["commit_index"])
+        with Client(cluster.url(leader), prefer_leader=False) as own:
+            value = own.get("after049", consistency="serializable").value
+        say(f"{leader} applied up to {applied} and serves after049 locally: "
+            f"{value.decode() if value else value}")
+        keys = client.list("key").keys
+        say(f"keys under 'key': {len(keys)} of 100")
+        client.close()
     finally:
-        cluster.stop()
+        say("stopping the cluster")
+        for name, what in cluster.stop(timeout=10).items():
+            say(f"  {name}: {what}")
+    say("done: the cluster carried on without its leader and healed")
+    return 0
 
 
 if __name__ == "__main__":

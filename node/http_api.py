@@ -30,7 +30,7 @@ from flotilla.node.consensus import (
 )
 from flotilla.node.statemachine.kv import encode_delete, encode_put
 
-from .server import NodeServer, Unavailable
+from .server import NodeServer, Overloaded, Unavailable
 from .transport import (
     CLUSTER_HEADER,
     MEMBERSHIP,
@@ -328,6 +328,8 @@ class ClientAPI:
             if exc.status >= 400:
                 return _http_exception(request, exc)
             raise
+        except Overloaded as exc:
+            return error(503, "overloaded", str(exc), **{"Retry-After": "1"})
         except Unavailable as exc:
             return unavailable(str(exc))
         except TimeoutError:

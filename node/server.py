@@ -51,6 +51,10 @@ class Unavailable(Exception):
     """The request cannot be served by this member now (no leader, leadership lost)."""
 
 
+class Overloaded(Unavailable):
+    """Too many writes are already waiting: back off for a while (503, code "overloaded")."""
+
+
 # Back-pressure: a leader holds at most this many unanswered writes (or bytes of them). When
 # followers or the disk fall behind, further writes get 503 + Retry-After at once instead of
 # queueing without bound in memory; clients back off and retry.
@@ -187,7 +191,7 @@ class NodeServer:
         if (len(self._proposals) >= MAX_PENDING_PROPOSALS
                 or self._pending_bytes + len(command) > MAX_PENDING_BYTES):
             self.metrics.proposals_refused += 1
-            raise Unavailable(
+            raise Overloaded(
                 f"{len(self._proposals)} writes ({self._pending_bytes} bytes) are already "
                 "waiting for the disk or the followers; retry shortly")
         index = self.core.propose(command)  # raises NotLeader / TransferInProgress

@@ -1,0 +1,623 @@
+"""Local clusters: N ``flotilla node`` processes on 127.0.0.1, described by ``DIR/cluster.json``.
+
+What ``flotilla up/status/down`` and the demo stand on. A cluster directory holds::
+
+    DIR/cluster.json   the state file: cluster id, timing, archive, and for every member its
+                       name, ports, data dir, log file, pid and the exact node flags it first
+                       ran with (a member always restarts with those, as the contract asks)
+    DIR/n1/            n1's data dir (log, hard state, snapshots)
+    DIR/n1.log         n1's output, appended across restarts with a marker line per start
+    DIR/archive/       the default archive (``file://DIR/archive``)
+
+Members run detached (their own session), so they outlive the command that started them; the
+state file is how a later command finds them again. A pid is only believed while
+``/proc/<pid>/cmdline`` still names the member's data dir, so a reused pid is never mistaken
+for a member (and never signalled).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flotilla.client import Client, FlotillaError
+
+__all__ = [
+    "DEFAULT_DIR",
+    "STATE_FILE",
+    "AlreadyRunning",
+    "LocalCluster",
+    "LocalClusterError",
+    "Member",
+    "NoCluster",
+    "default_archive_url",
+    "locked",
+    "node_accepts_flag",
+    "up",
+]
+
+DEFAULT_DIR = ".flotilla"
+STATE_FILE = "cluster.json"
+STATE_VERSION = 1
+HOST = "127.0.0.1"
+NODE_MODULE = "flotilla.node"
+
+
+class LocalClusterError(Exception):
+    """Something the user must act on; the message says what."""
+
+
+class NoCluster(LocalClusterError):
+    pass
+
+
+class AlreadyRunning(LocalClusterError):
+    pass
+
+
+class _BindFailed(LocalClusterError):
+    """A member of a brand-new cluster could not listen: its ports were taken meanwhile."""
+
+
+@dataclass
+class Member:
+    name: str
+    peer_port: int
+    client_port: int
+    data_dir: str  # absolute
+    log_file: str  # absolute
+    args: list[str]  # flags after `python -m flotilla.node`, exactly as first run
+    pid: int | None = None
+
+    @property
+    def client_url(self) -> str:
+        return f"http://{HOST}:{self.client_port}"
+
+    @property
+    def peer_url(self) -> str:
+        return f"http://{HOST}:{self.peer_port}"
+
+
+@dataclass
+class ClusterState:
+    cluster_id: str
+    election_timeout_ms: int
+    heartbeat_ms: int
+    archive: str | None
+    # Whether `archive` reached the members as --archive (a node without that flag gets none).
+    archive_passed: bool
+    members: list[Member]
+    created: str = ""
+    version: int = STATE_VERSION
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> ClusterState:
+        if doc.get("version") != STATE_VERSION:
+            raise LocalClusterError(f"state file version {doc.get('version')!r} is not "
+                                    f"{STATE_VERSION}: written by another flotilla version")
+        members = [Member(**m) for m in doc["members"]]
+        return cls(**{**doc, "members": members})
+
+
+def default_archive_url(root: Path) -> str:
+    """The archive a local cluster ships to unless told otherwise: ``file://DIR/archive``."""
+    return (root.resolve() / "archive").as_uri()
+
+
+def node_accepts_flag(flag: str) -> bool:
+    """Whether this version's ``flotilla node`` has ``flag`` (features land one by one)."""
+    try:
+        from flotilla.node.config import FLAGS
+    except ImportError:
+        return False
+    return any(name == flag for name, _ in FLAGS)
+
+
+# --- processes ------------------------------------------------------------------------------
+
+
+def _node_env() -> dict[str, str]:
+    """The caller's environment without FLOTILLA_*: a member's flags are all on its command
+    line (and in the state file), so a restart from another shell behaves the same."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLOTILLA_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _proc_state(pid: int) -> str | None:
+    """The kernel's one-letter process state, or None without /proc."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return "gone"
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2]
+
+
+def pid_is_member(pid: int | None, data_dir: str) -> bool:
+    """Is ``pid`` a live ``flotilla node`` process serving ``data_dir``?"""
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return False  # another user's process: the pid was reused
+    state = _proc_state(pid)
+    if state == "gone" or state == "Z":
+        return False
+    if state is None:
+        return True  # no /proc (macOS): the pid's existence is all we can know
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return data_dir.encode() in argv
+
+
+def _ports_free(ports: Iterable[int]) -> bool:
+    for port in ports:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((HOST, port))
+            except OSError:
+                return False
+    return True
+
+
+def _port_range() -> tuple[int, int]:
+    """Ports outside the kernel's ephemeral range, which it hands out as the source ports of
+    outgoing connections (a member must not find its port taken by some client). Above that
+    range when there is room: test harnesses allocate below it, and the two must not race."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 49152, 65535
+    if 65535 - high >= 1000:
+        return high + 1, 65535
+    if low > 12000:
+        return max(10000, low - 12768), low - 1
+    return 20000, 29999
+
+
+def free_ports(count: int, rng: random.Random | None = None) -> list[int]:
+    """``count`` distinct ports that can be bound on 127.0.0.1 right now."""
+    rng = rng or random.Random()
+    low, high = _port_range()
+    chosen: list[int] = []
+    for _ in range(2000):
+        port = rng.randint(low, high)
+        if port not in chosen and _ports_free([port]):
+            chosen.append(port)
+            if len(chosen) == count:
+                return chosen
+    raise LocalClusterError(f"could not find {count} free ports in {low}-{high} on {HOST}")
+
+
+# --- the cluster ----------------------------------------------------------------------------
+
+
+class LocalCluster:
+    """A local cluster recorded in ``root/cluster.json``.
+
+    Member processes this object started are its children (kept to read exit codes and reap
+    them); members found through the state file are signalled by pid.
+    """
+
+    def __init__(self, root: Path | str, state: ClusterState) -> None:
+        self.root = Path(root)
+        self.state = state
+        self._procs: dict[str, subprocess.Popen] = {}
+
+    # --- the state file -------------------------------------------------------------------
+
+    @staticmethod
+    def state_path(root: Path | str) -> Path:
+        return Path(root) / STATE_FILE
+
+    @classmethod
+    def exists(cls, root: Path | str) -> bool:
+        return cls.state_path(root).exists()
+
+    @classmethod
+    def load(cls, root: Path | str) -> LocalCluster:
+        path = cls.state_path(root)
+        try:
+            doc = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise NoCluster(f"no cluster in {root} ({path} does not exist); start one with "
+                            f"`flotilla up --dir {root}`") from None
+        except ValueError as exc:
+            raise LocalClusterError(f"{path} is not a cluster state file: {exc}") from None
+        try:
+            return cls(root, ClusterState.from_json(doc))
+        except (KeyError, TypeError) as exc:
+            raise LocalClusterError(f"{path} is not a cluster state file: {exc}") from None
+
+    @classmethod
+    def create(
+        cls,
+        root: Path | str,
+        replicas: int,
+        *,
+        election_timeout_ms: int = 1000,
+        heartbeat_ms: int = 100,
+        archive: str | None = None,
+        base_port: int | None = None,
+        cluster_id: str | None = None,
+    ) -> LocalCluster:
+        """Write the state file of a new cluster (nothing is started). ``archive`` None means
+        the default archive under ``root``; ``base_port`` pins ports (peers at base+i, clients
+        at base+10+i) instead of picking free ones."""
+        if not 1 <= replicas <= (10 if base_port else 99):
+            raise LocalClusterError(f"--replicas must be between 1 and "
+                                    f"{10 if base_port else 99}, not {replicas}")
+        root = Path(root).resolve()
+        root.mkdir(parents=True, exist_ok=True)
+        names = [f"n{i + 1}" for i in range(replicas)]
+        if base_port:
+            peer_ports = [base_port + i for i in range(replicas)]
+            client_ports = [base_port + 10 + i for i in range(replicas)]
+        else:
+            ports = free_ports(2 * replicas)
+            peer_ports, client_ports = ports[:replicas], ports[replicas:]
+        notes: list[str] = []
+        if archive is None:
+            archive = default_archive_url(root)
+            (root / "archive").mkdir(exist_ok=True)
+        archive_passed = node_accepts_flag("--archive")
+        if not archive_passed:
+            notes.append(f"this flotilla node has no --archive flag yet: {archive} is recorded "
+                         "here and will be passed once it has")
+        cluster_id = cluster_id or f"local-{uuid.uuid4().hex[:8]}"
+        initial = ",".join(f"{n}=http://{HOST}:{p}" for n, p in zip(names, peer_ports,
+                                                                     strict=True))
+        members = []
+        for name, peer, client in zip(names, peer_ports, client_ports, strict=True):
+            data_dir = str(root / name)
+            args = [
+                "--name", name,
+                "--data-dir", data_dir,
+                "--listen-peer", f"{HOST}:{peer}",
+                "--listen-client", f"{HOST}:{client}",
+                "--initial-cluster", initial,
+                "--initial-cluster-state", "new",
+                "--cluster-id", cluster_id,
+                "--election-timeout-ms", str(election_timeout_ms),
+                "--heartbeat-ms", str(heartbeat_ms),
+            ]
+            if archive_passed:
+                args += ["--archive", archive]
+            members.append(Member(name, peer, client, data_dir, str(root / f"{name}.log"),
+                                  args))
+        state = ClusterState(
+            cluster_id=cluster_id, election_timeout_ms=election_timeout_ms,
+            heartbeat_ms=heartbeat_ms, archive=archive, archive_passed=archive_passed,
+            members=members, created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), notes=notes)
+        cluster = cls(root, state)
+        cluster.save()
+        return cluster
+
+    def save(self) -> None:
+        """Write the state file atomically (a reader never sees half of it)."""
+        path = self.state_path(self.root)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(self.state.to_json(), indent=2) + "\n")
+        os.replace(tmp, path)
+
+    # --- members --------------------------------------------------------------------------
+
+    @property
+    def members(self) -> list[Member]:
+        return self.state.members
+
+    @property
+    def names(self) -> list[str]:
+        return [m.name for m in self.members]
+
+    @property
+    def endpoints(self) -> list[str]:
+        return [m.client_url for m in self.members]
+
+    def member(self, name: str) -> Member:
+        for m in self.members:
+            if m.name == name:
+                return m
+        raise LocalClusterError(f"no member {name!r} in {self.root} (members: "
+                                f"{', '.join(self.names)})")
+
+    def is_alive(self, name: str) -> bool:
+        member = self.member(name)
+        proc = self._procs.get(name)
+        if proc is not None and proc.pid == member.pid:
+            return proc.poll() is None
+        return pid_is_member(member.pid, member.data_dir)
+
+    def alive(self) -> list[str]:
+        return [m.name for m in self.members if self.is_alive(m.name)]
+
+    def url(self, name: str) -> str:
+        return self.member(name).client_url
+
+    def start(self, names: Iterable[str] | None = None) -> list[str]:
+        """Start the given members (default: all) that are not running, with their original
+        flags; returns the names started. Does not wait for them."""
+        started = []
+        for name in (list(names) if names is not None else self.names):
+            if not self.is_alive(name):
+                self._spawn(self.member(name))
+                started.append(name)
+        self.save()
+        return started
+
+    def restart(self, name: str) -> None:
+        """Start a member that is down (killed or stopped) on its old data dir."""
+        if self.is_alive(name):
+            raise LocalClusterError(f"{name} is still running (pid {self.member(name).pid})")
+        self.start([name])
+
+    def _spawn(self, member: Member) -> None:
+        argv = [sys.executable, "-m", NODE_MODULE, *member.args]
+        with open(member.log_file, "ab") as log:
+            log.write(f"--- flotilla: start at {time.strftime('%Y-%m-%d %H:%M:%S')}: "
+                      f"{' '.join(argv)}\n".encode())
+            log.flush()
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, cwd=self.root, env=_node_env(),
+                                    start_new_session=True)
+        self._procs[member.name] = proc
+        member.pid = proc.pid
+
+    def kill(self, name: str) -> None:
+        """``kill -9`` the member (and anything it forked); returns once it is gone."""
+        member = self.member(name)
+        if self.is_alive(name) and member.pid:
+            _signal_group(member.pid, signal.SIGKILL)
+            self._wait_gone([name], 10)
+        self._reap(name)
+        member.pid = None
+        self.save()
+
+    def stop(self, timeout: float = 15.0) -> dict[str, str]:
+        """SIGTERM every running member (a leader hands over first), SIGKILL whoever has not
+        exited after ``timeout`` seconds. Returns what happened to each member."""
+        report: dict[str, str] = {}
+        running = self.alive()
+        for m in self.members:
+            if m.name not in running:
+                report[m.name] = "was not running"
+                m.pid = None
+        for name in running:
+            pid = self.member(name).pid
+            if pid:  # never 0 or None: os.kill(0, ...) would signal our own process group
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
+        began = time.monotonic()
+        left = self._wait_gone(running, timeout)
+        for name in running:
+            if name in left:
+                _signal_group(self.member(name).pid or 0, signal.SIGKILL)
+                report[name] = f"did not exit within {timeout:g}s of SIGTERM: killed"
+            else:
+                code = self._reap(name)
+                took = time.monotonic() - began
+                report[name] = (f"stopped (exit {code})" if code is not None
+                                else "stopped") + f" after {took:.1f}s"
+        if left:
+            self._wait_gone(left, 5)
+        for name in running:
+            self._reap(name)
+            self.member(name).pid = None
+        self.save()
+        return {m.name: report[m.name] for m in self.members}
+
+    def _wait_gone(self, names: Iterable[str], timeout: float) -> set[str]:
+        left = set(names)
+        deadline = time.monotonic() + timeout
+        while left and time.monotonic() < deadline:
+            left = {n for n in left if self.is_alive(n)}
+            if left:
+                time.sleep(0.05)
+        return left
+
+    def _reap(self, name: str) -> int | None:
+        proc = self._procs.pop(name, None)
+        if proc is None:
+            return None
+        try:
+            return proc.wait(5)
+        except subprocess.TimeoutExpired:
+            return None
+
+    # --- observing ------------------------------------------------------------------------
+
+    def client(self, **options: Any) -> Client:
+        """A client for every member's endpoint (options as for ``Client``)."""
+        return Client(self.endpoints, **options)
+
+    def member_status(self, name: str, timeout: float = 1.0) -> dict[str, Any] | None:
+        """``name``'s own ``/v1/status``, or None when it does not answer."""
+        try:
+            with Client(self.url(name), timeout=timeout, retries=0) as c:
+                return c.status(self.url(name))
+        except (FlotillaError, ValueError):
+            return None
+
+    def leader(self, timeout: float = 15.0) -> str:
+        """The member that says it leads (polling until one does)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for name in self.alive():
+                doc = self.member_status(name, timeout=0.5)
+                if doc and doc.get("role") == "leader":
+                    return name
+            if time.monotonic() > deadline:
+                raise LocalClusterError(f"no leader within {timeout:g}s; see the member logs "
+                                        f"in {self.root}")
+            time.sleep(0.05)
+
+    def wait_ready(self, timeout: float = 60.0, require: Sequence[str] = ()) -> str:
+        """Return the leader's name once a leader serves a linearizable read. Raises when time
+        runs out, or when a member of ``require`` exits first (with the end of its log)."""
+        deadline = time.monotonic() + timeout
+        last = "no attempt"
+        with self.client(timeout=2.0) as client:
+            while True:
+                for name in require:
+                    if not self.is_alive(name):
+                        raise self._exited(name)
+                try:
+                    client.list(limit=1)
+                    return client.status()["name"]
+                except FlotillaError as exc:
+                    last = str(exc)
+                if time.monotonic() > deadline:
+                    raise LocalClusterError(
+                        f"no leader served a read within {timeout:g}s (last: {last}); see the "
+                        f"member logs in {self.root}")
+                time.sleep(0.1)
+
+    def _exited(self, name: str) -> LocalClusterError:
+        proc = self._procs.get(name)
+        code = proc.poll() if proc is not None else None
+        tail = self.log_tail(name, 15)
+        this_run = tail.rpartition("--- flotilla: start at")[2]
+        cls = _BindFailed if "cannot listen" in this_run else LocalClusterError
+        return cls(f"{name} exited{'' if code is None else f' with {code}'} while starting; "
+                   f"the end of {self.member(name).log_file}:\n{tail}")
+
+    def log_tail(self, name: str, lines: int = 20) -> str:
+        try:
+            with open(self.member(name).log_file, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - 64 * 1024))
+                text = f.read().decode(errors="replace")
+        except FileNotFoundError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    """Signal the member's process group (it leads its own session), so a child it forked
+    goes with it; fall back to the pid alone."""
+    if pid <= 0:
+        return
+    try:
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, sig)
+            return
+    except (ProcessLookupError, PermissionError):
+        pass
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, sig)
+
+
+@contextlib.contextmanager
+def locked(root: Path | str) -> Iterator[None]:
+    """Hold ``root``'s lock file: two `flotilla up` (or up and down) in one directory at the
+    same time would each start members, or stop what the other starts."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".lock", "a+b") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise LocalClusterError(f"another flotilla command is starting or stopping the "
+                                    f"cluster in {root}; wait for it to finish") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def up(
+    root: Path | str,
+    replicas: int = 3,
+    *,
+    election_timeout_ms: int = 1000,
+    heartbeat_ms: int = 100,
+    archive: str | None = None,
+    base_port: int | None = None,
+    timeout: float = 60.0,
+    say: Callable[[str], None] = lambda _text: None,
+) -> tuple[LocalCluster, str]:
+    """Start the cluster in ``root`` (a new one, or the stopped one recorded there) and return
+    it with its leader's name once a leader serves a linearizable read.
+
+    Raises ``AlreadyRunning`` when members recorded in ``root`` are alive. A stopped cluster is
+    resumed exactly as it was first started; options that differ are reported through ``say``.
+    """
+    with locked(root):
+        return _up(Path(root), replicas, election_timeout_ms=election_timeout_ms,
+                   heartbeat_ms=heartbeat_ms, archive=archive, base_port=base_port,
+                   timeout=timeout, say=say)
+
+
+def _up(root: Path, replicas: int, *, election_timeout_ms: int, heartbeat_ms: int,
+        archive: str | None, base_port: int | None, timeout: float,
+        say: Callable[[str], None]) -> tuple[LocalCluster, str]:
+    if LocalCluster.exists(root):
+        cluster = LocalCluster.load(root)
+        running = cluster.alive()
+        if running:
+            raise AlreadyRunning(
+                f"a cluster is already running in {root} (members "
+                f"{', '.join(f'{n} pid {cluster.member(n).pid}' for n in running)}); "
+                f"`flotilla status --dir {root}` shows it, `flotilla down --dir {root}` stops it")
+        state = cluster.state
+        if replicas != len(cluster.members):
+            say(f"note: {root} holds a stopped {len(cluster.members)}-member cluster; resuming "
+                f"it as it was (--replicas {replicas} applies to a new cluster only)")
+        if (election_timeout_ms, heartbeat_ms) != (state.election_timeout_ms,
+                                                   state.heartbeat_ms):
+            say(f"note: resuming with the original timing (--election-timeout-ms "
+                f"{state.election_timeout_ms} --heartbeat-ms {state.heartbeat_ms})")
+        if archive is not None and archive != state.archive:
+            say(f"note: resuming with the original archive {state.archive}")
+        cluster.start()
+        return cluster, cluster.wait_ready(timeout, require=cluster.names)
+    for attempt in range(3):
+        cluster = LocalCluster.create(root, replicas, election_timeout_ms=election_timeout_ms,
+                                      heartbeat_ms=heartbeat_ms, archive=archive,
+                                      base_port=base_port)
+        cluster.start()
+        try:
+            return cluster, cluster.wait_ready(timeout, require=cluster.names)
+        except _BindFailed:
+            if base_port is not None or attempt == 2:
+                raise
+            say("note: a port was taken while the members started; trying other ports")
+            cluster.stop(timeout=5)
+            _forget(cluster)
+        except BaseException:
+            cluster.stop(timeout=5)
+            raise
+    raise LocalClusterError("could not find free ports for the members; try again")
+
+
+def _forget(cluster: LocalCluster) -> None:
+    """Remove a cluster that never served (its members are down): state file and data dirs,
+    so the next attempt starts from nothing. Logs are kept."""
+    for m in cluster.members:
+        shutil.rmtree(m.data_dir, ignore_errors=True)
+    LocalCluster.state_path(cluster.root).unlink(missing_ok=True)
