@@ -1,0 +1,54 @@
+"""Shipping snapshots and committed log segments to an archive, and restoring from one
+(``flotilla.node.archive``); see docs/archive.md.
+
+Layers, bottom up: `Archive` (protocol.py), an immutable-object store with two backends,
+`S3Archive` (s3.py) and `FileArchive` (filesystem.py), picked by `open_archive(url)`; the key
+layout (layout.py), the segment format (segments.py) and the manifest (manifest.py);
+`ClusterArchive` (cluster.py), one cluster's archive as the node uses it; and restore planning
+with its fallback to older snapshots (restore.py). Every call blocks and
+is thread-safe: the node runs them on worker threads.
+"""
+
+from .cluster import ClusterArchive, RetentionResult
+from .errors import (
+    ArchiveConflict,
+    ArchiveCorrupt,
+    ArchiveError,
+    ArchiveNotFound,
+    ArchiveUnavailable,
+)
+from .layout import manifest_key, segment_key, snapshot_key
+from .manifest import Manifest, SegmentRecord, SnapshotRecord
+from .protocol import Archive, ArchiveSettings, ObjectInfo
+from .restore import PreparedRestore, RestorePlan, list_clusters, resolve_cluster_id
+from .segments import decode_segment, encode_segment, read_segment_header
+from .urls import ArchiveURL, open_archive, parse_archive_url
+
+__all__ = [
+    "Archive",
+    "ArchiveConflict",
+    "ArchiveCorrupt",
+    "ArchiveError",
+    "ArchiveNotFound",
+    "ArchiveSettings",
+    "ArchiveURL",
+    "ArchiveUnavailable",
+    "ClusterArchive",
+    "Manifest",
+    "ObjectInfo",
+    "PreparedRestore",
+    "RestorePlan",
+    "RetentionResult",
+    "SegmentRecord",
+    "SnapshotRecord",
+    "decode_segment",
+    "encode_segment",
+    "list_clusters",
+    "manifest_key",
+    "open_archive",
+    "parse_archive_url",
+    "read_segment_header",
+    "resolve_cluster_id",
+    "segment_key",
+    "snapshot_key",
+]

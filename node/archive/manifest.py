@@ -1,0 +1,235 @@
+"""The manifest: which snapshots and segments a cluster's archive holds, and what they can
+rebuild. Pure data and arithmetic, no I/O (cluster.py reads and writes manifests).
+
+A manifest is an immutable JSON object `manifests/<seq>.json`; the one with the highest seq is
+in force. Older ones are history that retention trims.
+
+Restorable states. A *base* is a snapshot, or the empty state at index 0. From a base at index
+b, the segments reach index r(b): the largest r such that b+1..r is covered by segments with no
+gap (segments may overlap; committed entries are the same in every copy). Every index in
+b..r(b) can be rebuilt: restore the base, replay entries up to that index. The manifest's
+`last_archived_index` is the largest r(b) over all bases. When there is no gap it is exactly
+"everything from the oldest kept snapshot up to it is covered"; after a gap (say the archive was
+unreachable while the member compacted its log) it moves on with the first snapshot uploaded
+after the gap, so it keeps measuring how far behind the archive is.
+
+Invariant (kept by `Manifest.create` and checked by `from_json`): snapshots are sorted by index
+and segments by (first, last), keys are unique, and no record lies wholly below
+`retention_floor` (the oldest kept snapshot when retention last ran: history before it was
+deleted, and a writer that still holds an old record must not bring it back).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ArchiveCorrupt
+
+FORMAT = "flotilla-archive-manifest"
+VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotRecord:
+    index: int
+    term: int
+    key: str  # relative to the cluster's prefix, e.g. "snapshots/…-….snap"
+    size: int  # bytes ("bytes" in the JSON)
+    sha256: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"index": self.index, "term": self.term, "key": self.key, "bytes": self.size,
+                "sha256": self.sha256}
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentRecord:
+    first: int
+    last: int
+    key: str
+    size: int
+    sha256: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"first": self.first, "last": self.last, "key": self.key, "bytes": self.size,
+                "sha256": self.sha256}
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    cluster_id: str
+    seq: int
+    created: str  # ISO 8601 UTC, for people; ordering is by seq
+    snapshots: tuple[SnapshotRecord, ...] = ()
+    segments: tuple[SegmentRecord, ...] = ()
+    retention_floor: int = 0
+    version: int = VERSION
+
+    @classmethod
+    def create(
+        cls,
+        cluster_id: str,
+        seq: int,
+        created: str,
+        snapshots: Iterable[SnapshotRecord] = (),
+        segments: Iterable[SegmentRecord] = (),
+        retention_floor: int = 0,
+    ) -> Manifest:
+        """A manifest holding these records, deduplicated by key and sorted, minus records
+        wholly below the retention floor."""
+        kept_snapshots = {s.key: s for s in snapshots if s.index >= retention_floor}
+        kept_segments = {s.key: s for s in segments if s.last > retention_floor}
+        return cls(
+            cluster_id,
+            seq,
+            created,
+            tuple(sorted(kept_snapshots.values(), key=lambda s: (s.index, s.term))),
+            tuple(sorted(kept_segments.values(), key=lambda s: (s.first, s.last))),
+            retention_floor,
+        )
+
+    def merged(
+        self,
+        *,
+        seq: int,
+        created: str,
+        snapshots: Iterable[SnapshotRecord] = (),
+        segments: Iterable[SegmentRecord] = (),
+    ) -> Manifest:
+        """The next manifest: this one's records plus these."""
+        return Manifest.create(
+            self.cluster_id, seq, created, (*self.snapshots, *snapshots),
+            (*self.segments, *segments), self.retention_floor,
+        )
+
+    def same_records(self, other: Manifest) -> bool:
+        return (self.snapshots, self.segments, self.retention_floor) == (
+            other.snapshots, other.segments, other.retention_floor)
+
+    # --- what it can rebuild ------------------------------------------------------------------
+
+    def bases(self) -> list[int]:
+        """Indexes a restore can start from, oldest first: 0 (the empty state) and every
+        snapshot's."""
+        return sorted({0, *(s.index for s in self.snapshots)})
+
+    def reach(self, base: int) -> int:
+        """The highest index the segments cover without a gap from `base` + 1 (or `base`)."""
+        covered = base
+        for segment in self.segments:  # sorted by first
+            if segment.first > covered + 1:
+                break
+            covered = max(covered, segment.last)
+        return covered
+
+    def chain(self, base: int, target: int) -> tuple[SegmentRecord, ...] | None:
+        """The fewest segments that cover base+1..target, in order (None if there is a gap).
+
+        Greedy: at each step take, among the segments that start at or before the next index
+        needed, the one that reaches furthest. A segment passed over at one step never helps
+        later (it ends before the one chosen)."""
+        picked: list[SegmentRecord] = []
+        covered = base
+        position = 0
+        segments = self.segments
+        while covered < target:
+            best = None
+            while position < len(segments) and segments[position].first <= covered + 1:
+                candidate = segments[position]
+                if candidate.last > covered and (best is None or candidate.last > best.last):
+                    best = candidate
+                position += 1
+            if best is None:
+                return None
+            picked.append(best)
+            covered = best.last
+        return tuple(picked)
+
+    @property
+    def last_archived_index(self) -> int:
+        return max(self.reach(base) for base in self.bases())
+
+    @property
+    def last_snapshot(self) -> SnapshotRecord | None:
+        return self.snapshots[-1] if self.snapshots else None
+
+    def restorable_ranges(self) -> list[tuple[int, int]]:
+        """Every index that can be rebuilt, as merged inclusive ranges."""
+        ranges = sorted(
+            (base, self.reach(base))
+            for base in self.bases()
+            if base > 0 or self.reach(0) > 0
+        )
+        merged: list[tuple[int, int]] = []
+        for low, high in ranges:
+            if merged and low <= merged[-1][1] + 1:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], high))
+            else:
+                merged.append((low, high))
+        return merged
+
+    # --- JSON ---------------------------------------------------------------------------------
+
+    def to_json(self) -> bytes:
+        document = {
+            "format": FORMAT,
+            "version": self.version,
+            "cluster_id": self.cluster_id,
+            "seq": self.seq,
+            "created": self.created,
+            "last_archived_index": self.last_archived_index,
+            "retention_floor": self.retention_floor,
+            "snapshots": [s.to_json() for s in self.snapshots],
+            "segments": [s.to_json() for s in self.segments],
+        }
+        return (json.dumps(document, indent=1) + "\n").encode()
+
+    @classmethod
+    def from_json(cls, data: bytes, *, name: str = "manifest") -> Manifest:
+        """Parse and check a manifest; any problem is ArchiveCorrupt naming `name`."""
+        try:
+            document = json.loads(data)
+            if document.get("format") != FORMAT:
+                raise ValueError(f"format is {document.get('format')!r}, not {FORMAT!r}")
+            if document.get("version") != VERSION:
+                raise ArchiveCorrupt(
+                    f"{name} is manifest format version {document.get('version')}, but this "
+                    f"build reads version {VERSION}: use the Flotilla version that wrote it",
+                    key=name,
+                )
+            snapshots = tuple(
+                SnapshotRecord(_int(s["index"]), _int(s["term"]), str(s["key"]),
+                               _int(s["bytes"]), str(s["sha256"]))
+                for s in document["snapshots"]
+            )
+            segments = tuple(
+                SegmentRecord(_int(s["first"]), _int(s["last"]), str(s["key"]),
+                              _int(s["bytes"]), str(s["sha256"]))
+                for s in document["segments"]
+            )
+            manifest = cls.create(
+                str(document["cluster_id"]), _int(document["seq"]), str(document["created"]),
+                snapshots, segments, _int(document.get("retention_floor", 0)),
+            )
+        except ArchiveCorrupt:
+            raise
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ArchiveCorrupt(f"{name} is not a valid manifest: {exc}", key=name) from exc
+        if (manifest.snapshots, manifest.segments) != (snapshots, segments) or any(
+            s.first > s.last for s in segments
+        ):
+            raise ArchiveCorrupt(
+                f"{name} is not a valid manifest: records are unsorted, duplicated, inverted "
+                "or below its retention floor",
+                key=name,
+            )
+        return manifest
+
+
+def _int(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{value!r} is not a non-negative integer")
+    return value
