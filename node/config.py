@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from flotilla.node.archive.urls import parse_archive_url
 from flotilla.node.snapshot_policy import SnapshotPolicy
 
 DEFAULT_MAX_VALUE_BYTES = 1 << 20
@@ -36,6 +37,9 @@ class NodeConfig:
     heartbeat_ms: int = 100
     snapshot_policy: SnapshotPolicy = field(default_factory=SnapshotPolicy.default)
     archive: str | None = None
+    archive_keep_snapshots: int = 3
+    archive_interval_ms: int = 5000
+    archive_segment_entries: int = 10000
     s3_endpoint: str | None = None
     s3_region: str | None = None
     restore_from: str | None = None
@@ -72,6 +76,12 @@ FLAGS: list[tuple[str, dict]] = [
     ("--archive", {"help": "s3://bucket/prefix or file:///path"}),
     ("--s3-endpoint", {"help": "S3-compatible endpoint URL"}),
     ("--s3-region", {"help": "S3 region"}),
+    ("--archive-keep-snapshots", {"help": "archived snapshots kept, with the segments after "
+                                          "the oldest of them (default 3)"}),
+    ("--archive-interval-ms", {"help": "committed entries are shipped at least this often "
+                                       "(default 5000)"}),
+    ("--archive-segment-entries", {"help": "entries per archived segment at most (default "
+                                           "10000); a full one ships at once"}),
     ("--restore-from", {"help": "bootstrap a new cluster from this archive URL"}),
     ("--restore-cluster-id", {"help": "which cluster of that archive"}),
     ("--restore-index", {"help": "restore exactly the state at this index"}),
@@ -110,7 +120,7 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> NodeConf
     if state not in ("new", "existing"):
         raise UsageError(f"--initial-cluster-state must be new or existing, not {state!r}")
     initial = _initial_cluster(raw["initial_cluster"])
-    if state == "new" and not raw["restore_from"] and not initial:
+    if state == "new" and not initial:
         initial = {raw["name"]: advertise_peer}  # a single-member cluster
     if state == "new" and initial and raw["name"] not in initial:
         raise UsageError(f"--initial-cluster must include this member ({raw['name']}) when "
@@ -125,6 +135,12 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> NodeConf
         policy = SnapshotPolicy.parse(text) if text else SnapshotPolicy.default()
     except ValueError as exc:
         raise UsageError(f"--snapshot-policy: {exc}") from exc
+    for flag in ("archive", "restore_from"):
+        if raw[flag]:
+            try:
+                parse_archive_url(raw[flag])
+            except ValueError as exc:
+                raise UsageError(f"--{flag.replace('_', '-')}: {exc}") from exc
     restore_index = raw["restore_index"]
     if restore_index is not None:
         restore_index = _positive_int(restore_index, "--restore-index", 0, minimum=0)
@@ -142,6 +158,12 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> NodeConf
         heartbeat_ms=heartbeat,
         snapshot_policy=policy,
         archive=raw["archive"],
+        archive_keep_snapshots=_positive_int(raw["archive_keep_snapshots"],
+                                             "--archive-keep-snapshots", 3),
+        archive_interval_ms=_positive_int(raw["archive_interval_ms"], "--archive-interval-ms",
+                                          5000),
+        archive_segment_entries=_positive_int(raw["archive_segment_entries"],
+                                              "--archive-segment-entries", 10000),
         s3_endpoint=raw["s3_endpoint"],
         s3_region=raw["s3_region"],
         restore_from=raw["restore_from"],

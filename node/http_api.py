@@ -19,6 +19,7 @@ import aiohttp
 import yarl
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
+from flotilla.node.archive import ArchiveError
 from flotilla.node.consensus import (
     InvalidMembership,
     MembershipChangeInProgress,
@@ -36,7 +37,10 @@ from .transport import (
     MEMBERSHIP,
     MESSAGES_PATH,
     SENDER_HEADER,
+    SNAPSHOT_KEY_HEADER,
     SNAPSHOT_PATH,
+    SNAPSHOT_SHA_HEADER,
+    SNAPSHOT_SIZE_HEADER,
     STREAM_PATH,
 )
 from .wire import WireError, decode_batch
@@ -261,6 +265,19 @@ def peer_app(node: NodeServer) -> web.Application:
             return error(400, "bad_message", f"this snapshot is for {batch.messages[0].to!r}; "
                          f"this member is {node.name!r}")
         node.transport.learn(batch.sender, batch.peer_url, batch.client_url)
+        key = request.headers.get(SNAPSHOT_KEY_HEADER)
+        if key is not None:
+            sha256 = request.headers.get(SNAPSHOT_SHA_HEADER, "")
+            size = request.headers.get(SNAPSHOT_SIZE_HEADER, "")
+            if not size.isdigit() or not sha256:
+                return error(400, "bad_message", f"an archived snapshot reference needs "
+                             f"{SNAPSHOT_SHA_HEADER} and {SNAPSHOT_SIZE_HEADER}")
+            try:
+                await node.receive_archived_snapshot(batch.messages[0], key, sha256, int(size))
+            except ArchiveError as exc:
+                return error(409, "archive_unavailable", f"cannot fetch {key} from the "
+                             f"archive: {exc}; stream the snapshot instead")
+            return web.Response(status=204)
         await node.receive_snapshot(batch.messages[0], request.content.iter_chunked(1 << 20))
         return web.Response(status=204)
 
@@ -685,9 +702,21 @@ class ClientAPI:
         if denied is not None:
             return denied
         try:
-            return web.json_response(await self.node.take_snapshot())
+            doc = await self.node.take_snapshot()
         except RuntimeError as exc:  # the store and the machine take one snapshot at a time
             return unavailable(f"a snapshot is already being written; retry shortly ({exc})")
+        archiver = self.node.archiver
+        if archiver is not None:
+            try:
+                location = await archiver.ship_now(doc["index"])
+            except ArchiveError as exc:
+                return error(503, "archive_unavailable",
+                             f"the snapshot at index {doc['index']} was written here but not "
+                             f"shipped to {archiver.cluster.url} ({exc}); it will be shipped "
+                             "when the archive answers", **{"Retry-After": "5"})
+            if location is not None:
+                doc["location"] = location
+        return web.json_response(doc)
 
     async def metrics(self, request: web.Request) -> web.Response:
         text = self.node.metrics.render(self.node.core.log.committed, self.node.role(),

@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from aiohttp import web
+from flotilla.node.archive import ArchiveError
 from flotilla.node.storage import StorageError
 
 from . import config
@@ -40,6 +41,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         node.open()
     except (StorageError, OSError) as exc:
         print(f"flotilla node: refusing to start: {exc}", file=sys.stderr)
+        return EXIT_DATA
+    except ArchiveError as exc:
+        print(f"flotilla node: cannot restore from {cfg.restore_from}: {exc}", file=sys.stderr)
         return EXIT_DATA
     try:
         return asyncio.run(_serve(node))

@@ -44,6 +44,7 @@ class Metrics:
         self.proposals = 0
         self.snapshots_taken = 0
         self.snapshots_sent = 0
+        self.snapshot_references_sent = 0
         self.snapshots_installed = {"archive": 0, "leader": 0}
         self.proposals_refused = 0
         self.appended_entries = 0
@@ -91,6 +92,10 @@ class Metrics:
             "# HELP flotilla_snapshots_sent_total Snapshots streamed by this member as leader.",
             "# TYPE flotilla_snapshots_sent_total counter",
             f"flotilla_snapshots_sent_total {self.snapshots_sent}",
+            "# HELP flotilla_snapshot_references_sent_total Snapshots this leader pointed a "
+            "follower to in the archive instead of streaming them.",
+            "# TYPE flotilla_snapshot_references_sent_total counter",
+            f"flotilla_snapshot_references_sent_total {self.snapshot_references_sent}",
             "# HELP flotilla_snapshots_installed_total Snapshots installed, by source.",
             "# TYPE flotilla_snapshots_installed_total counter",
         ]

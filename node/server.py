@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flotilla.node.archive import ArchiveError, ClusterArchive, SnapshotRecord, open_archive
 from flotilla.node.consensus import (
     Entry,
     EntryKind,
@@ -40,9 +41,18 @@ from flotilla.node.storage import (
     StoredSnapshot,
 )
 
+from . import restore
+from .archiver import Archiver
 from .config import NodeConfig
 from .metrics import Metrics
-from .transport import CONFIGURED, MEMBERSHIP, PeerTransport
+from .transport import (
+    CONFIGURED,
+    MEMBERSHIP,
+    SNAPSHOT_KEY_HEADER,
+    SNAPSHOT_SHA_HEADER,
+    SNAPSHOT_SIZE_HEADER,
+    PeerTransport,
+)
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +105,7 @@ class NodeServer:
         # start: SnapshotStore.latest() reads a whole file, so it is never called per request.
         self._snapshot: StoredSnapshot | None = None
         self._snapshot_bytes = 0
+        self._snapshot_sources: dict[Path, str] = {}  # received files fetched from the archive
         self.applied = 0
 
     # --- start-up -------------------------------------------------------------------------
@@ -107,10 +118,17 @@ class NodeServer:
         self.storage = DiskStorage(cfg.data_dir, cluster_id=cfg.cluster_id, fsync=cfg.fsync)
         self.snapshots = SnapshotStore(self.datadir.snapshot_dir, fsync=cfg.fsync)
         recovered = self.storage.recover()
-        if self.datadir.created and cfg.initial_cluster_state == "new":
-            membership = Membership(voters=frozenset(cfg.initial_cluster),
-                                    addresses=tuple(sorted(cfg.initial_cluster.items())))
-            self.storage.install_snapshot(SnapshotMeta(0, 0, membership))
+        membership = Membership(voters=frozenset(cfg.initial_cluster),
+                                addresses=tuple(sorted(cfg.initial_cluster.items())))
+        interrupted = restore.pending(self.datadir.path)
+        if interrupted and not cfg.restore_from:
+            raise restore.refuse_interrupted(self.datadir.path)
+        if (self.datadir.created and cfg.initial_cluster_state == "new") or interrupted:
+            if cfg.restore_from:
+                restore.mark(self.datadir.path, cfg)
+                restore.restore(cfg, self.datadir.path, self.snapshots, self.storage, membership)
+            else:
+                self.storage.install_snapshot(SnapshotMeta(0, 0, membership))
             recovered = self.storage.recover()
         self.sm = KVStateMachine()
         latest = self.snapshots.latest()
@@ -134,10 +152,15 @@ class NodeServer:
             heartbeat_ticks=1,
         )
         self.core = RaftCore(cfg.name, settings, recovered)
+        self.archiver = None
+        if cfg.archive:
+            archive = open_archive(cfg.archive, endpoint=cfg.s3_endpoint, region=cfg.s3_region)
+            self.archiver = Archiver(self, ClusterArchive(archive, cfg.cluster_id))
         self.transport = PeerTransport(
             cfg.name, cfg.cluster_id, cfg.advertise_peer, cfg.advertise_client,
             on_unreachable=self._peer_unreachable, on_snapshot_sent=self._snapshot_sent,
             snapshot_source=self._snapshot_payload,
+            snapshot_reference=self._snapshot_reference,
             # A stream that swallows bytes is noticed within 1.5 pings and dialled again.
             ping_interval=max(1.0, cfg.election_timeout_ms / 1000),
         )
@@ -150,6 +173,8 @@ class NodeServer:
     async def start(self) -> None:
         await self.transport.start()
         self._tasks = [asyncio.create_task(self._run()), asyncio.create_task(self._ticker())]
+        if self.archiver is not None:
+            self.archiver.start()
 
     async def stop(self) -> None:
         """Hand leadership over (within 5 s) if we lead, then stop."""
@@ -160,6 +185,8 @@ class NodeServer:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.archiver is not None:
+            await self.archiver.stop()
         await self.transport.close()
         self.storage.close()
         for fut in list(self._reads.values()) + [p.future for p in self._proposals.values()]:
@@ -299,6 +326,8 @@ class NodeServer:
             self._soft_state_changed(rd)
         if rd.committed_entries:
             self._apply(rd.committed_entries)
+            if self.archiver is not None:
+                self.archiver.committed(self.applied)
         for rs in rd.read_states:
             fut = self._reads.get(rs.context)
             if fut is not None and not fut.done():
@@ -403,11 +432,16 @@ class NodeServer:
                     raise
             finally:
                 frozen.release()
-            core.compact(index)
-            await asyncio.to_thread(self.storage.compact, index)
+            # Entries the archive does not have yet stay in the log (the archiver ships them).
+            retain = self.archiver.retain_after() if self.archiver is not None else None
+            keep = index - retain if retain is not None and retain < index else 0
+            core.compact(index, keep_entries=keep)
+            await asyncio.to_thread(self.storage.compact, index, index - keep)
             self._remember_snapshot(StoredSnapshot(meta, self.sm.kind, path))
             self.metrics.snapshots_taken += 1
             log.info("snapshot at %d (%d bytes, %s)", index, self._snapshot_bytes, reason)
+            if self.archiver is not None:
+                self.archiver.poke()
             return self._snapshot_doc()
         finally:
             self._snapshotting = False
@@ -430,9 +464,49 @@ class NodeServer:
             return None
         return self.snapshots.open_payload(stored.path)  # verifies its checksum as it streams
 
-    def _snapshot_sent(self, peer: str, ok: bool) -> None:
+    def _snapshot_reference(self, m: Message) -> dict[str, str] | None:
+        """Where a follower can fetch the snapshot `m` announces from the archive (the headers
+        of a reference), or None: stream it. Only the leader's current snapshot, once
+        archived, is referenced: the follower then takes the log tail from this leader."""
+        archiver = self.archiver
+        if archiver is None:
+            return None
+        record = archiver.archived_snapshot(m.snapshot.meta.index, m.snapshot.meta.term)
+        if record is None:
+            return None
+        return {SNAPSHOT_KEY_HEADER: record.key, SNAPSHOT_SHA_HEADER: record.sha256,
+                SNAPSHOT_SIZE_HEADER: str(record.size)}
+
+    async def receive_archived_snapshot(self, m: Message, key: str, sha256: str,
+                                        size: int) -> None:
+        """The leader says: fetch snapshot `m` from the archive at `key`. Download, verify and
+        store it, then step the message. Raises ArchiveError when that cannot be done here
+        (no archive configured, unreachable, corrupt): the leader then streams it."""
+        if self.archiver is None:
+            raise ArchiveError("this member has no --archive configured; stream the snapshot")
+        meta = m.snapshot.meta
+        record = SnapshotRecord(meta.index, meta.term, key, size, sha256)
+        cluster = self.archiver.cluster
+
+        def fetch(path: Path) -> None:
+            cluster.download_snapshot(record, path)
+
+        try:
+            stored = await asyncio.to_thread(self.snapshots.adopt, meta, fetch)
+        except (StorageError, RuntimeError) as exc:
+            raise ArchiveError(f"cannot use archived snapshot {key}: {exc}") from exc
+        self._snapshot = stored
+        self._snapshot_bytes = stored.path.stat().st_size
+        self._snapshot_sources[stored.path] = "archive"
+        m.snapshot.data = stored.path
+        log.info("fetched snapshot %d from %s", meta.index, cluster.location(record))
+        self.deliver([m])
+
+    def _snapshot_sent(self, peer: str, ok: bool, via: str = "leader") -> None:
         self.core.report_snapshot(peer, ok)
-        if ok:
+        if ok and via == "archive":
+            self.metrics.snapshot_references_sent += 1
+        elif ok:
             self.metrics.snapshots_sent += 1
         self._wakeup.set()
 
@@ -471,13 +545,14 @@ class NodeServer:
         self.applied = self.metrics.applied = snap.meta.index
         self._learn_addresses(snap.meta.membership)
         self._remember_snapshot(StoredSnapshot(snap.meta, self.sm.kind, path))
-        self.metrics.snapshots_installed["leader"] += 1
+        source = self._snapshot_sources.pop(path, "leader")
+        self.metrics.snapshots_installed[source] += 1
         for index in [i for i in self._proposals if i <= snap.meta.index]:
             p = self._proposals.pop(index)
             self._pending_bytes -= p.size
             if not p.future.done():
                 p.future.set_exception(Unavailable("superseded by a snapshot; retry"))
-        log.info("installed snapshot %d from the leader", snap.meta.index)
+        log.info("installed snapshot %d (from the %s)", snap.meta.index, source)
 
     # --- status ----------------------------------------------------------------------------
 
@@ -521,8 +596,9 @@ class NodeServer:
             },
             "config": membership.describe(),
             "members": members,
-            "archive": {"url": self.cfg.archive, "last_snapshot_index": None,
-                        "last_archived_index": None, "error": None},
+            "archive": (self.archiver.status() if self.archiver is not None else
+                        {"url": None, "last_snapshot_index": None,
+                         "last_archived_index": None, "error": None}),
         }
 
     def ready(self) -> bool:

@@ -30,6 +30,10 @@ log = logging.getLogger(__name__)
 MESSAGES_PATH = "/raft/v1/messages"
 SNAPSHOT_PATH = "/raft/v1/snapshot"
 STREAM_PATH = "/raft/v1/stream"
+# A snapshot request carrying these instead of a payload: fetch it from the archive.
+SNAPSHOT_KEY_HEADER = "Flotilla-Snapshot-Key"
+SNAPSHOT_SHA_HEADER = "Flotilla-Snapshot-Sha256"
+SNAPSHOT_SIZE_HEADER = "Flotilla-Snapshot-Bytes"
 CLUSTER_HEADER = "Flotilla-Cluster-Id"
 SENDER_HEADER = "Flotilla-Sender"
 STREAM_FRAME_LIMIT = 64 << 20
@@ -46,8 +50,9 @@ class PeerTransport:
         peer_url: str,
         client_url: str,
         on_unreachable: Callable[[str], None],
-        on_snapshot_sent: Callable[[str, bool], None],
+        on_snapshot_sent: Callable[[str, bool, str], None],
         snapshot_source: Callable[[Message], BinaryIO | None],
+        snapshot_reference: Callable[[Message], dict[str, str] | None] = lambda m: None,
         ping_interval: float = 1.0,
     ) -> None:
         self.name = name
@@ -60,6 +65,7 @@ class PeerTransport:
         self._on_unreachable = on_unreachable
         self._on_snapshot_sent = on_snapshot_sent
         self._snapshot_source = snapshot_source
+        self._snapshot_reference = snapshot_reference
         self.ping_interval = ping_interval
         self.dials: dict[str, int] = {}  # streams opened per peer (a metric)
         self._queues: dict[str, list[Message]] = {}
@@ -193,12 +199,21 @@ class PeerTransport:
 
     async def _stream_snapshot(self, m: Message) -> None:
         ok = False
+        via = "leader"
         try:
             url = self.peer_urls.get(m.to)
-            payload = self._snapshot_source(m) if url is not None else None
-            if payload is None:
+            if url is None:
                 return
             header = encode_batch(self.cluster_id, self.name, self.peer_url, self.client_url, [m])
+            reference = self._snapshot_reference(m)
+            if reference is not None:
+                ok = await self._refer(m, url, header, reference)
+                if ok:
+                    via = "archive"
+                    return
+            payload = self._snapshot_source(m)
+            if payload is None:
+                return
 
             async def chunks():
                 with payload:  # verifies the snapshot's checksum as it is read
@@ -217,4 +232,22 @@ class PeerTransport:
             log.warning("streaming snapshot to %s failed: %s", m.to, exc)
         finally:
             self._snapshots_in_flight.discard(m.to)
-            self._on_snapshot_sent(m.to, ok)
+            self._on_snapshot_sent(m.to, ok, via)
+
+    async def _refer(self, m: Message, url: str, header: bytes,
+                     reference: dict[str, str]) -> bool:
+        """Point the peer at the archived copy of snapshot `m` (no payload from us): True once
+        it has fetched and stored it; False (stream it instead) when it cannot."""
+        headers = {"Flotilla-Message": header.hex(), **reference}
+        timeout = aiohttp.ClientTimeout(total=None, sock_read=600)  # it downloads meanwhile
+        try:
+            async with self._session.post(url + SNAPSHOT_PATH, data=b"", headers=headers,
+                                          timeout=timeout) as resp:
+                if resp.status == 204:
+                    return True
+                text = (await resp.text())[:300]
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            text = str(exc)
+        log.warning("%s could not fetch snapshot %d from the archive (%s); streaming it",
+                    m.to, m.snapshot.meta.index, text)
+        return False

@@ -94,7 +94,7 @@ class MemoryStorage(EntryLogReads):
         self._snapshot = meta
         self._durable_last = self._log.last_index()
 
-    def compact(self, index: int) -> None:
+    def compact(self, index: int, retain_after: int | None = None) -> None:
         self._check_open()
         if index > self._log.last_index():
             raise ValueError(
@@ -103,7 +103,10 @@ class MemoryStorage(EntryLogReads):
         self.sync()
         if index > self._snapshot.index:
             self._snapshot = self._log.snapshot_at(index, self._snapshot)
-        self._log.drop_through(min(index - self.keep_trailing_entries, self._snapshot.index))
+        limit = min(index - self.keep_trailing_entries, self._snapshot.index)
+        if retain_after is not None:
+            limit = min(limit, retain_after)
+        self._log.drop_through(limit)
 
     def close(self) -> None:
         self._closed = True

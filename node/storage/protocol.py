@@ -69,14 +69,15 @@ class LogStorage(Protocol):
         """
         ...
 
-    def compact(self, index: int) -> None:
+    def compact(self, index: int, retain_after: int | None = None) -> None:
         """Entries up to `index` are covered by a snapshot the runtime has made durable.
 
         Moves `snapshot` to `index` (its term and the configuration in force there are read
         from the log) and frees storage at or below `index - keep_trailing_entries`, so slow
         followers can still be sent entries instead of a snapshot. How much is freed is up to
         the implementation (a disk log frees whole segments); `first_index()` tells. Raises
-        ValueError if `index > last_index()`. Durable on return.
+        ValueError if `index > last_index()`. Durable on return. Entries after `retain_after`
+        (when given) are kept whatever the snapshot covers: the archiver has not shipped them.
         """
         ...
 

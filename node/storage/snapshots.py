@@ -29,6 +29,7 @@ import re
 import struct
 import tempfile
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
@@ -349,12 +350,36 @@ class SnapshotStore:
     def _finished(self, writer: SnapshotWriter, *, committed: bool) -> None:
         if self._writer is writer:
             self._writer = None
-        if not committed:
-            return
+        if committed:
+            self._keep_only(writer.final_path)
+
+    def _keep_only(self, newest: Path) -> None:
         removed = False
         for path in self._committed():
-            if path != writer.final_path:
+            if path != newest:
                 path.unlink(missing_ok=True)
                 removed = True
         if removed and self.fsync:
             fsync_dir(self.directory)
+
+    def adopt(self, meta: SnapshotMeta, fetch: Callable[[Path], object]) -> StoredSnapshot:
+        """Make a whole snapshot file obtained elsewhere (an archive) the newest one here.
+
+        `fetch(path)` must create `path` atomically (it appears complete or not at all, and
+        durably); the file is then verified like any other before it replaces older ones.
+        Raises CorruptDataError (the file is removed) if it is not the snapshot `meta` names."""
+        if self._writer is not None:
+            raise RuntimeError(f"a snapshot is already being written ({self._writer.temp_path})")
+        path = self.directory / snapshot_name(meta)
+        fetch(path)
+        try:
+            found, kind = self._verify(path)
+        except CorruptDataError:
+            path.unlink(missing_ok=True)
+            raise
+        if (found.index, found.term) != (meta.index, meta.term):
+            path.unlink(missing_ok=True)
+            raise CorruptDataError(path, 0, f"holds snapshot {found.index}/{found.term}, not "
+                                            f"{meta.index}/{meta.term}")
+        self._keep_only(path)
+        return StoredSnapshot(found, kind, path)

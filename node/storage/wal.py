@@ -218,7 +218,7 @@ class DiskStorage(EntryLogReads):
                 else:
                     self._discard_log(meta)
 
-    def compact(self, index: int) -> None:
+    def compact(self, index: int, retain_after: int | None = None) -> None:
         if index > self._log.last_index():
             raise ValueError(
                 f"cannot compact to {index}: the last index is {self._log.last_index()}"
@@ -230,6 +230,8 @@ class DiskStorage(EntryLogReads):
             if index > snapshot.index:
                 snapshot = self._log.snapshot_at(index, snapshot)
             limit = min(index - self.keep_trailing_entries, snapshot.index)
+            if retain_after is not None:
+                limit = min(limit, retain_after)
             base_index = self._log.base_index
             for segment in self._segments[:-1]:
                 if segment.last_index > limit:

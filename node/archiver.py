@@ -1,0 +1,200 @@
+"""The leader's archiver: ships every snapshot and every committed entry to the archive.
+
+Only the leader ships. On taking office it reads the newest manifest and resumes after the
+last archived index, so a new leader neither repeats nor skips what an old one shipped. A round
+(every `--archive-interval-ms`, or at once when a snapshot is taken or a full segment of
+committed entries is waiting):
+
+1. a snapshot newer than the archive's newest is uploaded, a manifest published, and old
+   snapshots and the segments only they needed are trimmed (`--archive-keep-snapshots`);
+2. committed entries after the last archived index leave as segments of at most
+   `--archive-segment-entries`, each published by a manifest.
+
+Entries the archive does not have yet are kept in the log whatever the snapshots cover (see
+`retain_after`), so an archive that is unreachable for a while is filled later with no gap.
+Every upload runs in a worker thread; failures are logged, counted, shown in `/v1/status`,
+and retried with backoff while the cluster keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from flotilla.node.archive import ArchiveError, ClusterArchive, Manifest, SnapshotRecord
+from flotilla.node.consensus import Role
+from flotilla.node.storage import StorageError
+
+if TYPE_CHECKING:
+    from .server import NodeServer
+
+log = logging.getLogger(__name__)
+
+MAX_BACKOFF = 30.0
+
+
+class Archiver:
+    def __init__(self, node: NodeServer, cluster: ClusterArchive) -> None:
+        cfg = node.cfg
+        self.node = node
+        self.cluster = cluster
+        self.keep_snapshots = cfg.archive_keep_snapshots
+        self.interval = cfg.archive_interval_ms / 1000
+        self.segment_entries = cfg.archive_segment_entries
+        self.last_archived_index = 0
+        self.last_snapshot_index = 0
+        self.error: str | None = None
+        self.uploads = {"snapshot": 0, "segment": 0}
+        self.failures = 0
+        self._resumed_term: int | None = None  # the term whose leader read the manifest
+        self._wakeup = asyncio.Event()
+        self._busy = asyncio.Lock()  # one round at a time: the loop's or a requested one
+        self._task: asyncio.Task | None = None
+        self._last_round = 0.0
+
+    # --- control -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await asyncio.to_thread(self.cluster.archive.close)
+
+    def poke(self) -> None:
+        """Something worth shipping now: a snapshot, or a full segment of committed entries."""
+        self._wakeup.set()
+
+    def committed(self, commit_index: int) -> None:
+        """Called by the runtime as the commit index moves; wakes a round for a full segment."""
+        if (self._resumed_term is not None
+                and commit_index - self.last_archived_index >= self.segment_entries):
+            self._wakeup.set()
+
+    def retain_after(self) -> int | None:
+        """The highest index the log may forget: entries after it are not archived yet. None
+        when this member does not ship (it is not the leader)."""
+        if self._resumed_term is None or self.node.core.role is not Role.LEADER:
+            return None
+        return self.last_archived_index
+
+    async def ship_now(self, snapshot_index: int) -> str | None:
+        """Run a round now (POST /v1/snapshot) and return where the snapshot at
+        `snapshot_index` is archived, or None when this member does not ship (a follower).
+        Raises ArchiveError when the archive cannot be reached."""
+        if self.node.core.role is not Role.LEADER:
+            return None
+        async with self._busy:
+            await self._round()
+        manifest = self.cluster.cached_manifest
+        for record in manifest.snapshots if manifest is not None else ():
+            if record.index == snapshot_index:
+                return self.cluster.location(record)
+        return None
+
+    def archived_snapshot(self, index: int, term: int) -> SnapshotRecord | None:
+        """The archive's record of snapshot (index, term) if the newest manifest this member
+        read or published lists it (no I/O)."""
+        manifest = self.cluster.cached_manifest
+        for record in manifest.snapshots if manifest is not None else ():
+            if record.index == index and record.term == term:
+                return record
+        return None
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "url": self.cluster.url,
+            "last_snapshot_index": self.last_snapshot_index,
+            "last_archived_index": self.last_archived_index,
+            "error": self.error,
+        }
+
+    # --- the loop ------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        backoff = 0.0
+        while True:
+            delay = backoff or self.interval
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await self._wakeup.wait()
+            self._wakeup.clear()
+            if self.node.core.role is not Role.LEADER:
+                self._resumed_term = None
+                continue
+            try:
+                async with self._busy:
+                    await self._round()
+            except (ArchiveError, StorageError, OSError, ValueError) as exc:
+                self.failures += 1
+                self.error = f"{type(exc).__name__}: {exc}"
+                backoff = min(MAX_BACKOFF, max(self.interval / 4, backoff * 2 or 0.5))
+                log.warning("archiving to %s failed (retrying in %.1fs): %s",
+                            self.cluster.url, backoff, self.error)
+            else:
+                if self.error is not None:
+                    log.info("archiving to %s works again", self.cluster.url)
+                self.error = None
+                backoff = 0.0
+
+    async def _round(self) -> None:
+        node = self.node
+        term = node.core.term
+        if self._resumed_term != term:
+            manifest = await asyncio.to_thread(self.cluster.manifest)
+            self._adopt(manifest)
+            self._resumed_term = term
+            log.info("archiving to %s from index %d (newest archived snapshot %d)",
+                     self.cluster.url, self.last_archived_index + 1, self.last_snapshot_index)
+        await self._ship_snapshot()
+        await self._ship_entries()
+        self._last_round = time.monotonic()
+
+    async def _ship_snapshot(self) -> None:
+        stored = self.node._snapshot
+        if stored is None or stored.meta.index <= max(self.last_snapshot_index, 0):
+            return
+        if stored.meta.index == 0:
+            return
+        await asyncio.to_thread(self.cluster.upload_snapshot, stored.path, stored.meta)
+        self._adopt(await asyncio.to_thread(self.cluster.publish))
+        self.uploads["snapshot"] += 1
+        log.info("archived snapshot %d", stored.meta.index)
+        result = await asyncio.to_thread(self.cluster.retain, self.keep_snapshots)
+        if result.deleted:
+            log.info("archive retention removed %d object(s)", len(result.deleted))
+
+    async def _ship_entries(self) -> None:
+        node = self.node
+        while True:
+            commit = node.core.log.committed
+            first = self.last_archived_index + 1
+            if first > commit:
+                return
+            if first < node.storage.first_index():
+                # Compacted before it was shipped (this member was not the archiving leader
+                # then): the next snapshot covers it, and shipping resumes from there.
+                raise ArchiveError(
+                    f"entries from {first} are no longer in this member's log (it starts at "
+                    f"{node.storage.first_index()}); the archive resumes after the next snapshot"
+                )
+            last = min(commit, first + self.segment_entries - 1)
+            entries = node.storage.entries(first, last + 1)
+            await asyncio.to_thread(self.cluster.upload_segment, entries)
+            self._adopt(await asyncio.to_thread(self.cluster.publish))
+            self.uploads["segment"] += 1
+            if self.node.core.role is not Role.LEADER:
+                return
+
+    def _adopt(self, manifest: Manifest | None) -> None:
+        if manifest is None:
+            return
+        self.last_archived_index = manifest.last_archived_index
+        newest = manifest.last_snapshot
+        self.last_snapshot_index = newest.index if newest is not None else 0

@@ -1,0 +1,89 @@
+"""Bootstrap a new cluster's member from an archive (`--restore-from`).
+
+On an empty data dir, every initial member does the same, deterministic work: pick the newest
+intact snapshot at or below the requested index (falling back to older snapshots and more
+segments past a corrupt object), replay the archived entries up to that index into the state
+machine, and write the result as this member's first snapshot at that index, with
+`--initial-cluster` as its configuration (term 0: before any term of the new cluster). Every
+member thus starts from the same state at the same index, and the new cluster's log continues
+right after it, under its own cluster id.
+
+A marker file makes this all-or-nothing: a member that crashes mid-restore finds the marker on
+its next start and does the restore again (with the same flags) instead of starting empty.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+from flotilla.node.archive import ClusterArchive, open_archive
+from flotilla.node.archive.restore import resolve_cluster_id
+from flotilla.node.consensus import EntryKind, Membership, SnapshotMeta
+from flotilla.node.statemachine.kv import KVStateMachine
+from flotilla.node.storage import DiskStorage, SnapshotStore, StorageError
+
+from .config import NodeConfig
+
+log = logging.getLogger(__name__)
+
+MARKER = "restore.pending"
+
+
+def pending(data_dir: Path) -> bool:
+    return (data_dir / MARKER).exists()
+
+
+def mark(data_dir: Path, cfg: NodeConfig) -> None:
+    (data_dir / MARKER).write_text(f"restoring from {cfg.restore_from}\n")
+
+
+def restore(cfg: NodeConfig, data_dir: Path, snapshots: SnapshotStore,
+            storage: DiskStorage, membership: Membership) -> SnapshotMeta:
+    """Rebuild the archived state into this member's first snapshot; returns its metadata.
+    Raises ArchiveError (nothing usable in the archive) or StorageError."""
+    archive = open_archive(cfg.restore_from, endpoint=cfg.s3_endpoint, region=cfg.s3_region)
+    work = data_dir / "restore-work"
+    try:
+        old_id = resolve_cluster_id(archive, cfg.restore_cluster_id)
+        cluster = ClusterArchive(archive, old_id)
+        shutil.rmtree(work, ignore_errors=True)
+        prepared = cluster.prepare_restore(work, cfg.restore_index)
+        plan = prepared.plan
+        log.info("restoring cluster %s from %s: %s", old_id, cluster.url, plan.describe())
+        sm = KVStateMachine()
+        if prepared.snapshot_path is not None:
+            with snapshots.open_payload(prepared.snapshot_path) as payload:
+                sm.restore(payload)
+        replayed = 0
+        for entry in prepared.entries():
+            if entry.kind == EntryKind.NORMAL:
+                sm.apply(entry.index, entry.data)
+            replayed += 1
+        meta = SnapshotMeta(plan.index, 0, membership)
+        writer = snapshots.begin(meta, sm.kind)
+        frozen = sm.freeze()
+        try:
+            frozen.write(writer)
+            writer.commit()
+        except BaseException:
+            writer.abort()
+            raise
+        finally:
+            frozen.release()
+        storage.install_snapshot(meta)
+        log.info("restored the state at index %d (%d entries replayed after the snapshot)",
+                 plan.index, replayed)
+    finally:
+        archive.close()
+        shutil.rmtree(work, ignore_errors=True)
+    (data_dir / MARKER).unlink()
+    return meta
+
+
+def refuse_interrupted(data_dir: Path) -> StorageError:
+    return StorageError(
+        f"{data_dir / MARKER}: a restore into this data dir was interrupted. Start the member "
+        "again with the same --restore-from flags to finish it, or empty the data dir"
+    )
