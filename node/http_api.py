@@ -644,20 +644,24 @@ class ClientAPI:
                     return error(422, "not_caught_up", f"learner {name} has not caught up yet "
                                  f"(match {pr.match if pr else 0}, commit "
                                  f"{committed}); retry when it has")
-            await self._until_settled(await self.node.change_membership(
-                target, m.learners - target))
+            await self.node.change_membership(target, m.learners - target)
+            await self._until_settled(frozenset(target))
             return web.json_response({"config": core.membership.describe()})
         return await self._admin(request, action)
 
-    async def _until_settled(self, index: int) -> None:
-        """Wait until the configuration is committed and no longer joint (C_new committed)."""
+    async def _until_settled(self, voters: frozenset[str]) -> None:
+        """Wait until a configuration that is not joint is committed (C_new, when the change
+        went through). A leader that removed itself commits C_new and then steps down, so
+        losing leadership is not failure; a C_new with other voters means the change was lost
+        with a leadership change (Unavailable: retry)."""
         core = self.node.core
         while True:
             m = core.membership
-            if not m.joint and core.log.membership_index() <= self.node.applied:
-                return
-            if core.role is not Role.LEADER and core.leader is None:
-                raise Unavailable("leadership was lost during the change; check /v1/status")
+            if not m.joint and core.log.membership_index() <= core.log.committed:
+                if m.voters == voters:
+                    return
+                raise Unavailable(f"the change to {sorted(voters)} was lost when leadership "
+                                  f"changed (voters are {sorted(m.voters)}); retry")
             await asyncio.sleep(0.01)
 
     async def remove_member(self, request: web.Request) -> web.Response:
@@ -673,8 +677,8 @@ class ClientAPI:
             else:
                 if m.voters == {name}:
                     return error(422, "invalid_config", "cannot remove the last voter")
-                await self._until_settled(await self.node.change_membership(
-                    m.voters - {name}, m.learners))
+                await self.node.change_membership(m.voters - {name}, m.learners)
+                await self._until_settled(m.voters - {name})
             return web.json_response({"config": core.membership.describe()})
         return await self._admin(request, action)
 

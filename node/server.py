@@ -89,6 +89,8 @@ class NodeServer:
         self._pending_bytes = 0
         self._read_ids = itertools.count(1)
         self._reads: dict[int, asyncio.Future] = {}
+        # Reads still waiting for a read index, and when it was last asked for.
+        self._unanswered_reads: dict[int, float] = {}
         # Futures resolved with the applied index once it reaches theirs (reads, admin waits).
         self._waiters: list[tuple[int, asyncio.Future]] = []
         self._wakeup = asyncio.Event()
@@ -189,7 +191,9 @@ class NodeServer:
             await self.archiver.stop()
         await self.transport.close()
         self.storage.close()
-        for fut in list(self._reads.values()) + [p.future for p in self._proposals.values()]:
+        waiting = [*self._reads.values(), *(p.future for p in self._proposals.values()),
+                   *(fut for _, fut in self._waiters)]
+        for fut in waiting:
             if not fut.done():
                 fut.set_exception(Unavailable("the member is shutting down"))
 
@@ -221,6 +225,8 @@ class NodeServer:
             raise Overloaded(
                 f"{len(self._proposals)} writes ({self._pending_bytes} bytes) are already "
                 "waiting for the disk or the followers; retry shortly")
+        if self._stopping:
+            raise Unavailable("the member is shutting down")
         index = self.core.propose(command)  # raises NotLeader / TransferInProgress
         fut = asyncio.get_running_loop().create_future()
         self._proposals[index] = _Proposal(self.core.term, fut, len(command))
@@ -250,20 +256,38 @@ class NodeServer:
     async def read_barrier(self) -> int:
         """Linearizable read (ReadIndex): returns once local state is at least as new as every
         write acknowledged before the call; the answer reflects the returned applied index."""
+        if self._stopping:
+            raise Unavailable("the member is shutting down")
         read_id = next(self._read_ids)
-        fut = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
         self._reads[read_id] = fut
+        self._unanswered_reads[read_id] = loop.time()
         self.core.read_index(read_id)
         self._wakeup.set()
         try:
             return await fut
         finally:
             self._reads.pop(read_id, None)
+            self._unanswered_reads.pop(read_id, None)
+
+    def _retry_reads(self, older_than: float) -> None:
+        """Ask again for read indexes nobody answered: the request may have gone to a leader
+        that died or was cut off (etcd retries likewise), or been lost on the way."""
+        if not self._unanswered_reads:
+            return
+        now = asyncio.get_running_loop().time()
+        for read_id, asked in list(self._unanswered_reads.items()):
+            if now - asked >= older_than:
+                self._unanswered_reads[read_id] = now
+                self.core.read_index(read_id)
+        self._wakeup.set()
 
     # --- the loop ------------------------------------------------------------------------
 
     async def _ticker(self) -> None:
         interval = self.cfg.heartbeat_ms / 1000
+        retry_reads_after = max(interval, min(0.5, self.cfg.election_timeout_ms / 2000))
         loop = asyncio.get_running_loop()
         next_at = loop.time()
         while not self._stopping:
@@ -277,6 +301,7 @@ class NodeServer:
             await asyncio.sleep(max(0.0, next_at - now))
             self.core.tick()
             self._wakeup.set()
+            self._retry_reads(older_than=retry_reads_after)
 
     async def _run(self) -> None:
         core = self.core
@@ -330,7 +355,8 @@ class NodeServer:
                 self.archiver.committed(self.applied)
         for rs in rd.read_states:
             fut = self._reads.get(rs.context)
-            if fut is not None and not fut.done():
+            if fut is not None and not fut.done() and rs.context in self._unanswered_reads:
+                del self._unanswered_reads[rs.context]  # a retried read may be answered twice
                 self._waiters.append((rs.index, fut))
         for context in rd.failed_reads:
             fut = self._reads.get(context)
@@ -382,6 +408,8 @@ class NodeServer:
         # still commit them, and they are answered when their index is applied.
         log.info("%s is %s in term %d (leader %s)", self.name, soft.role.label, soft.term,
                  soft.leader)
+        if soft.leader is not None:
+            self._retry_reads(older_than=0.0)  # reads asked of the old leader go to the new one
 
     def _learn_addresses(self, membership: Membership) -> None:
         for name, url in membership.addresses:

@@ -37,6 +37,8 @@ SNAPSHOT_SIZE_HEADER = "Flotilla-Snapshot-Bytes"
 CLUSTER_HEADER = "Flotilla-Cluster-Id"
 SENDER_HEADER = "Flotilla-Sender"
 STREAM_FRAME_LIMIT = 64 << 20
+# Entry bytes that may wait for one peer while its stream is busy; more is dropped (see send).
+MAX_QUEUED_BYTES = 8 << 20
 # Where a peer URL came from, strongest first (see PeerTransport.learn).
 CONFIGURED, MEMBERSHIP, ADVERTISED = "configured", "membership", "advertised"
 SNAPSHOT_CHUNK = 1 << 20
@@ -69,6 +71,7 @@ class PeerTransport:
         self.ping_interval = ping_interval
         self.dials: dict[str, int] = {}  # streams opened per peer (a metric)
         self._queues: dict[str, list[Message]] = {}
+        self._queued_bytes: dict[str, int] = {}  # entry bytes waiting in each queue
         self._wakeups: dict[str, asyncio.Event] = {}
         self._tasks: dict[str, asyncio.Task] = {}
         self._snapshots_in_flight: set[str] = set()
@@ -116,6 +119,16 @@ class PeerTransport:
                 queue = self._queues[m.to] = []
                 self._wakeups[m.to] = asyncio.Event()
                 self._tasks[m.to] = asyncio.create_task(self._sender(m.to))
+            if m.entries:
+                size = sum(len(e.data) for e in m.entries)
+                queued = self._queued_bytes.get(m.to, 0)
+                if queued and queued + size > MAX_QUEUED_BYTES:
+                    # The link is stalled (a full socket, a dial in progress): entries would
+                    # pile up without bound and leave as one huge frame. Raft tolerates the
+                    # loss; the core probes again once the peer answers.
+                    self._on_unreachable(m.to)
+                    continue
+                self._queued_bytes[m.to] = queued + size
             queue.append(m)
             self._wakeups[m.to].set()
 
@@ -130,6 +143,7 @@ class PeerTransport:
             if not batch:
                 continue
             self._queues[peer] = []
+            self._queued_bytes[peer] = 0
             url = self.peer_urls.get(peer)
             if url is None:
                 log.debug("no address for %s; dropping %d messages", peer, len(batch))
