@@ -75,6 +75,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--archive", default=None,
                    help="where snapshots and log segments are shipped: s3://bucket/prefix or "
                         "file:///path (default file://DIR/archive)")
+    p.add_argument("--restore-from", default=None,
+                   help="a new cluster starts from this archive (the --archive URL an old "
+                        "cluster used): its newest state, or --restore-index N")
+    p.add_argument("--restore-index", type=_positive, default=None,
+                   help="with --restore-from: exactly the state at this log index")
     p.add_argument("--election-timeout-ms", type=_positive, default=1000,
                    help="members' election timeout (default 1000)")
     p.add_argument("--heartbeat-ms", type=_positive, default=100,
@@ -198,7 +203,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     cluster, leader = local.up(
         root, args.replicas, election_timeout_ms=args.election_timeout_ms,
         heartbeat_ms=args.heartbeat_ms, archive=args.archive, base_port=args.base_port,
-        timeout=args.timeout, say=_say)
+        timeout=args.timeout, say=_say, restore_from=args.restore_from,
+        restore_index=args.restore_index)
     state = cluster.state
     verb = "resumed" if resuming else "started"
     _say(f"{verb} {len(cluster.members)} members in {root} (cluster id {state.cluster_id})")

@@ -3,7 +3,8 @@
 Starts a local cluster (``flotilla.local``, what ``flotilla up`` runs), writes through every
 member with the Python client (``flotilla.client``), kills the leader with SIGKILL, keeps
 writing while the others elect a new one (and says how long writes were unavailable),
-restarts the killed member and shows that it caught up, then stops the cluster.
+restarts the killed member and shows that it caught up; then snapshots to the archive, stops
+the cluster, deletes every data dir and restores a new cluster from the archive.
 Usage: python -m flotilla.demo [--dir DIR] [--base-port PORT]
 """
 
@@ -95,12 +96,43 @@ def main(argv: list[str] | None = None) -> int:
             f"{value.decode() if value else value}")
         keys = client.list("key").keys
         say(f"keys under 'key': {len(keys)} of 100")
+
+        snap = client.snapshot()
+        say(f"snapshot at index {snap['index']} shipped to the archive: {snap['location']}")
+        archived = client.status()["archive"]["last_archived_index"]
+        say(f"the archive holds every committed entry up to index {archived}")
         client.close()
     finally:
-        say("stopping the cluster")
+        say("stopping the cluster (flotilla down)")
         for name, what in cluster.stop(timeout=10).items():
             say(f"  {name}: {what}")
-    say("done: the cluster carried on without its leader and healed")
+
+    say("disaster: every member's data dir is deleted; only the archive is left")
+    for m in cluster.members:
+        shutil.rmtree(m.data_dir)
+    archive = cluster.state.archive
+    restored_root = root / "restored"
+    say(f"restoring a new cluster from {archive} (flotilla up --restore-from)")
+    try:
+        restored, leader = local.up(restored_root, 3, base_port=None, say=say,
+                                    restore_from=archive, archive=(root / "archive2").as_uri())
+    except local.LocalClusterError as exc:
+        raise SystemExit(f"the restored cluster did not start: {exc}") from None
+    try:
+        with restored.client(timeout=15) as client:
+            keys = client.list("key").keys
+            after = client.get("after049").value
+            doc = client.status()
+            say(f"restored cluster {doc['cluster_id']} (leader {leader}) starts at index "
+                f"{doc['first_index'] - 1}: {len(keys)} of 100 keys, after049 = "
+                f"{after.decode() if after else after}")
+            client.put("restored", b"yes")
+            say("and takes new writes")
+    finally:
+        say("stopping the restored cluster")
+        restored.stop(timeout=10)
+    say("done: the cluster carried on without its leader, healed, and came back from its "
+        "archive")
     return 0
 
 

@@ -265,6 +265,8 @@ class LocalCluster:
         archive: str | None = None,
         base_port: int | None = None,
         cluster_id: str | None = None,
+        restore_from: str | None = None,
+        restore_index: int | None = None,
     ) -> LocalCluster:
         """Write the state file of a new cluster (nothing is started). ``archive`` None means
         the default archive under ``root``; ``base_port`` pins ports (peers at base+i, clients
@@ -308,6 +310,10 @@ class LocalCluster:
             ]
             if archive_passed:
                 args += ["--archive", archive]
+            if restore_from:  # only read on the first start, when the data dir is empty
+                args += ["--restore-from", restore_from]
+                if restore_index is not None:
+                    args += ["--restore-index", str(restore_index)]
             members.append(Member(name, peer, client, data_dir, str(root / f"{name}.log"),
                                   args))
         state = ClusterState(
@@ -560,6 +566,8 @@ def up(
     base_port: int | None = None,
     timeout: float = 60.0,
     say: Callable[[str], None] = lambda _text: None,
+    restore_from: str | None = None,
+    restore_index: int | None = None,
 ) -> tuple[LocalCluster, str]:
     """Start the cluster in ``root`` (a new one, or the stopped one recorded there) and return
     it with its leader's name once a leader serves a linearizable read.
@@ -570,12 +578,14 @@ def up(
     with locked(root):
         return _up(Path(root), replicas, election_timeout_ms=election_timeout_ms,
                    heartbeat_ms=heartbeat_ms, archive=archive, base_port=base_port,
-                   timeout=timeout, say=say)
+                   timeout=timeout, say=say, restore_from=restore_from,
+                   restore_index=restore_index)
 
 
 def _up(root: Path, replicas: int, *, election_timeout_ms: int, heartbeat_ms: int,
         archive: str | None, base_port: int | None, timeout: float,
-        say: Callable[[str], None]) -> tuple[LocalCluster, str]:
+        say: Callable[[str], None], restore_from: str | None = None,
+        restore_index: int | None = None) -> tuple[LocalCluster, str]:
     if LocalCluster.exists(root):
         cluster = LocalCluster.load(root)
         running = cluster.alive()
@@ -599,7 +609,8 @@ def _up(root: Path, replicas: int, *, election_timeout_ms: int, heartbeat_ms: in
     for attempt in range(3):
         cluster = LocalCluster.create(root, replicas, election_timeout_ms=election_timeout_ms,
                                       heartbeat_ms=heartbeat_ms, archive=archive,
-                                      base_port=base_port)
+                                      base_port=base_port, restore_from=restore_from,
+                                      restore_index=restore_index)
         cluster.start()
         try:
             return cluster, cluster.wait_ready(timeout, require=cluster.names)
