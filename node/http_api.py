@@ -723,8 +723,9 @@ class ClientAPI:
         return web.json_response(doc)
 
     async def metrics(self, request: web.Request) -> web.Response:
+        transport = self.node.transport
         text = self.node.metrics.render(self.node.core.log.committed, self.node.role(),
-                                        self.node.transport.dials)
+                                        transport.dials, transport.snapshot_bytes_streamed)
         return web.Response(text=text, content_type="text/plain")
 
     async def healthz(self, request: web.Request) -> web.Response:

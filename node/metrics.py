@@ -59,7 +59,8 @@ class Metrics:
         self.fsync.observe(fsync_seconds)
         self.append_batch.observe(entries)
 
-    def render(self, commit_index: int, role: str, peer_dials: dict[str, int] | None = None) -> str:
+    def render(self, commit_index: int, role: str, peer_dials: dict[str, int] | None = None,
+               snapshot_bytes_sent: int = 0) -> str:
         lines = [
             "# HELP flotilla_term Current Raft term.",
             "# TYPE flotilla_term gauge",
@@ -92,6 +93,10 @@ class Metrics:
             "# HELP flotilla_snapshots_sent_total Snapshots streamed by this member as leader.",
             "# TYPE flotilla_snapshots_sent_total counter",
             f"flotilla_snapshots_sent_total {self.snapshots_sent}",
+            "# HELP flotilla_snapshot_bytes_sent_total Snapshot payload bytes this member "
+            "streamed to followers.",
+            "# TYPE flotilla_snapshot_bytes_sent_total counter",
+            f"flotilla_snapshot_bytes_sent_total {snapshot_bytes_sent}",
             "# HELP flotilla_snapshot_references_sent_total Snapshots this leader pointed a "
             "follower to in the archive instead of streaming them.",
             "# TYPE flotilla_snapshot_references_sent_total counter",

@@ -70,6 +70,7 @@ class PeerTransport:
         self._snapshot_reference = snapshot_reference
         self.ping_interval = ping_interval
         self.dials: dict[str, int] = {}  # streams opened per peer (a metric)
+        self.snapshot_bytes_streamed = 0  # snapshot payload sent to peers (a metric)
         self._queues: dict[str, list[Message]] = {}
         self._queued_bytes: dict[str, int] = {}  # entry bytes waiting in each queue
         self._wakeups: dict[str, asyncio.Event] = {}
@@ -232,6 +233,7 @@ class PeerTransport:
             async def chunks():
                 with payload:  # verifies the snapshot's checksum as it is read
                     while chunk := await asyncio.to_thread(payload.read, SNAPSHOT_CHUNK):
+                        self.snapshot_bytes_streamed += len(chunk)
                         yield chunk
 
             timeout = aiohttp.ClientTimeout(total=None, sock_read=60)

@@ -12,8 +12,8 @@ import pytest
 from flotilla.node.config import parse
 from flotilla.node.main import EXIT_DATA, EXIT_FAILED, _serve
 from flotilla.node.server import NodeServer
-from flotilla.node.storage import StorageError
 from flotilla.node.statemachine.kv import encode_put
+from flotilla.node.storage import StorageError
 
 from tests.harness.ports import allocate_ports
 
