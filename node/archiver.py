@@ -24,7 +24,13 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from flotilla.node.archive import ArchiveError, ClusterArchive, Manifest, SnapshotRecord
+from flotilla.node.archive import (
+    ArchiveError,
+    ArchiveSettings,
+    ClusterArchive,
+    Manifest,
+    SnapshotRecord,
+)
 from flotilla.node.consensus import Role
 from flotilla.node.storage import StorageError
 
@@ -33,7 +39,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MAX_BACKOFF = 30.0
+MAX_BACKOFF = 10.0
+# The node's archive requests give up sooner than the library's defaults, so an unreachable
+# store is reported (status, logs) within seconds and retried by the archiver's own loop.
+NODE_ARCHIVE_SETTINGS = ArchiveSettings(max_attempts=3, connect_timeout=2.0, read_timeout=5.0)
 
 
 class Archiver:
@@ -53,7 +62,7 @@ class Archiver:
         self._wakeup = asyncio.Event()
         self._busy = asyncio.Lock()  # one round at a time: the loop's or a requested one
         self._task: asyncio.Task | None = None
-        self._last_round = 0.0
+        self._round_started: float | None = None
 
     # --- control -------------------------------------------------------------------------
 
@@ -108,11 +117,18 @@ class Archiver:
         return None
 
     def status(self) -> dict[str, Any]:
+        error = self.error
+        started = self._round_started
+        if error is None and started is not None:
+            running = time.monotonic() - started
+            if running > max(5.0, 2 * self.interval):
+                error = (f"an archiving round has been waiting on {self.cluster.url} for "
+                         f"{running:.0f}s (slow or unreachable)")
         return {
             "url": self.cluster.url,
             "last_snapshot_index": self.last_snapshot_index,
             "last_archived_index": self.last_archived_index,
-            "error": self.error,
+            "error": error,
         }
 
     # --- the loop ------------------------------------------------------------------------
@@ -146,15 +162,29 @@ class Archiver:
     async def _round(self) -> None:
         node = self.node
         term = node.core.term
-        if self._resumed_term != term:
-            manifest = await asyncio.to_thread(self.cluster.manifest)
-            self._adopt(manifest)
-            self._resumed_term = term
-            log.info("archiving to %s from index %d (newest archived snapshot %d)",
-                     self.cluster.url, self.last_archived_index + 1, self.last_snapshot_index)
-        await self._ship_snapshot()
-        await self._ship_entries()
-        self._last_round = time.monotonic()
+        self._round_started = time.monotonic()
+        try:
+            if self._resumed_term != term:
+                self._adopt(await asyncio.to_thread(self.cluster.manifest))
+                self._resumed_term = term
+                log.info("archiving to %s from index %d (newest archived snapshot %d)",
+                         self.cluster.url, self.last_archived_index + 1,
+                         self.last_snapshot_index)
+            # Uploads of an earlier round whose manifest could not be written: publish them
+            # first (no I/O when nothing is pending), or they would block what follows.
+            self._adopt(await asyncio.to_thread(self.cluster.publish))
+            if self.last_archived_index + 1 >= self.node.storage.first_index():
+                # Entries first: a snapshot shipped before them would move the archive past
+                # entries it never got (restores to those indexes would be impossible).
+                await self._ship_entries()
+                await self._ship_snapshot()
+            else:
+                # The log no longer holds what follows the archive (this member compacted it
+                # before it led): the snapshot is the only way on.
+                await self._ship_snapshot()
+                await self._ship_entries()
+        finally:
+            self._round_started = None
 
     async def _ship_snapshot(self) -> None:
         stored = self.node._snapshot
@@ -172,8 +202,8 @@ class Archiver:
 
     async def _ship_entries(self) -> None:
         node = self.node
+        commit = node.core.log.committed  # what is committed now: a round ends under load
         while True:
-            commit = node.core.log.committed
             first = self.last_archived_index + 1
             if first > commit:
                 return

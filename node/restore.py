@@ -46,7 +46,7 @@ def restore(cfg: NodeConfig, data_dir: Path, snapshots: SnapshotStore,
     archive = open_archive(cfg.restore_from, endpoint=cfg.s3_endpoint, region=cfg.s3_region)
     work = data_dir / "restore-work"
     try:
-        old_id = resolve_cluster_id(archive, cfg.restore_cluster_id)
+        old_id = resolve_cluster_id(archive, cfg.restore_cluster_id, excluding=cfg.cluster_id)
         cluster = ClusterArchive(archive, old_id)
         shutil.rmtree(work, ignore_errors=True)
         prepared = cluster.prepare_restore(work, cfg.restore_index)

@@ -42,7 +42,7 @@ from flotilla.node.storage import (
 )
 
 from . import restore
-from .archiver import Archiver
+from .archiver import NODE_ARCHIVE_SETTINGS, Archiver
 from .config import NodeConfig
 from .metrics import Metrics
 from .transport import (
@@ -156,7 +156,8 @@ class NodeServer:
         self.core = RaftCore(cfg.name, settings, recovered)
         self.archiver = None
         if cfg.archive:
-            archive = open_archive(cfg.archive, endpoint=cfg.s3_endpoint, region=cfg.s3_region)
+            archive = open_archive(cfg.archive, endpoint=cfg.s3_endpoint, region=cfg.s3_region,
+                                   settings=NODE_ARCHIVE_SETTINGS)
             self.archiver = Archiver(self, ClusterArchive(archive, cfg.cluster_id))
         self.transport = PeerTransport(
             cfg.name, cfg.cluster_id, cfg.advertise_peer, cfg.advertise_client,

@@ -187,10 +187,12 @@ def list_clusters(archive: Archive) -> list[str]:
     return found
 
 
-def resolve_cluster_id(archive: Archive, cluster_id: str | None = None) -> str:
+def resolve_cluster_id(archive: Archive, cluster_id: str | None = None, *,
+                       excluding: str | None = None) -> str:
     """The cluster to restore: `cluster_id` if given and present, else the only one there
-    (the `--restore-cluster-id` default)."""
-    clusters = list_clusters(archive)
+    (the `--restore-cluster-id` default), not counting `excluding` (the restoring cluster's
+    own id: a restored cluster may already archive beside the one it came from)."""
+    clusters = [c for c in list_clusters(archive) if c != excluding or c == cluster_id]
     if cluster_id is not None:
         if cluster_id not in clusters:
             raise ArchiveNotFound(
