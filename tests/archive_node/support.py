@@ -25,6 +25,7 @@ from flotilla.node.consensus import EntryKind
 from flotilla.node.statemachine.kv import KVStateMachine
 
 from tests.harness.kvclient import TRANSPORT_ERRORS, KVClient, Response
+from tests.harness.polling import wait_for
 from tests.harness.processes import LocalCluster
 
 FAST = {"election_timeout_ms": 500, "heartbeat_ms": 50}
@@ -84,24 +85,6 @@ class Store:
 
 # ---------------------------------------------------------------------------------------------
 # Waiting and polling
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str,
-             interval: float = 0.05) -> Any:
-    """Poll ``predicate`` until it returns something true; transport errors count as false."""
-    deadline = time.monotonic() + timeout
-    last = "no answer"
-    while True:
-        try:
-            value = predicate()
-            last = f"last answer: {value!r}"
-        except (*TRANSPORT_ERRORS, RuntimeError, ValueError, KeyError) as exc:
-            value, last = None, f"last error: {type(exc).__name__}: {exc}"
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what} ({last})")
-        time.sleep(interval)
 
 
 def archive_status(cluster: LocalCluster, name: str) -> dict[str, Any]:

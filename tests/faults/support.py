@@ -23,6 +23,7 @@ from typing import Any
 
 from tests.harness.kvclient import TRANSPORT_ERRORS, KVClient, Response, Workload, classify
 from tests.harness.linearizability import History, Kind, Op, Status, check_final_state
+from tests.harness.polling import wait_for
 from tests.harness.processes import LocalCluster
 
 FAST = {"election_timeout_ms": 500, "heartbeat_ms": 50}
@@ -30,24 +31,6 @@ ELECTION_S = FAST["election_timeout_ms"] / 1000
 #: Generous bound for "the cluster serves again" on a loaded two-core machine.
 UNAVAILABILITY_BOUND_S = 10 * ELECTION_S
 KEYS = [f"key{i}" for i in range(6)]
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str,
-             interval: float = 0.05) -> Any:
-    """Poll ``predicate`` until it returns something true; transport errors count as false."""
-    deadline = time.monotonic() + timeout
-    last = "no answer"
-    while True:
-        try:
-            value = predicate()
-            last = f"last answer: {value!r}"
-        except (*TRANSPORT_ERRORS, RuntimeError, ValueError, KeyError) as exc:
-            value, last = None, f"last error: {type(exc).__name__}: {exc}"
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what} ({last})")
-        time.sleep(interval)
 
 
 def others(cluster: LocalCluster, name: str) -> list[str]:

@@ -182,3 +182,17 @@ def address(url: str) -> tuple[str, int]:
 
 def leader_client(cluster: LocalCluster, timeout: float = 10.0) -> KVClient:
     return cluster.client(cluster.wait_leader(30), timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """One 3-member cluster for a whole test module."""
+    yield from module_cluster(tmp_path_factory, 3)
+
+
+@pytest.fixture(scope="module")
+def canary(cluster):
+    """Checks, after each bad input, that the cluster still serves and lost nothing."""
+    canary = Canary(cluster)
+    canary.check("before any bad input")
+    return canary

@@ -20,11 +20,9 @@ import pytest
 from tests.harness import ports
 from tests.node.badinput import (
     MIB,
-    Canary,
     address,
     assert_error,
     leader_client,
-    module_cluster,
     parse_raw,
     raw_error,
     raw_exchange,
@@ -33,16 +31,6 @@ from tests.node.badinput import (
 JSON = {"Content-Type": "application/json"}
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    yield from module_cluster(tmp_path_factory, 3)
-
-
-@pytest.fixture(scope="module")
-def canary(cluster):
-    canary = Canary(cluster)
-    canary.check("before any bad input")
-    return canary
 
 
 @pytest.fixture(scope="module")

@@ -28,9 +28,7 @@ from flotilla.node.consensus import (
 from flotilla.node.wire import VERSION, WireError, decode_batch, encode_batch
 
 from tests.node.badinput import (
-    Canary,
     address,
-    module_cluster,
     parse_raw,
     raw_error,
     raw_exchange,
@@ -41,16 +39,6 @@ SNAPSHOT = node_transport.SNAPSHOT_PATH
 HUGE_TERM = 10**9
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    yield from module_cluster(tmp_path_factory, 3)
-
-
-@pytest.fixture(scope="module")
-def canary(cluster):
-    canary = Canary(cluster)
-    canary.check("before any bad input")
-    return canary
 
 
 @pytest.fixture

@@ -1,0 +1,4 @@
+"""The bad-input suites share one 3-member cluster per module (``cluster``) and the canary
+that checks it still serves and lost nothing after each bad input (``canary``)."""
+
+from tests.node.badinput import canary, cluster  # noqa: F401 (fixtures)
