@@ -725,7 +725,8 @@ class ClientAPI:
     async def metrics(self, request: web.Request) -> web.Response:
         transport = self.node.transport
         text = self.node.metrics.render(self.node.core.log.committed, self.node.role(),
-                                        transport.dials, transport.snapshot_bytes_streamed)
+                                        transport.dials, transport.snapshot_bytes_streamed,
+                                        self.node.archiver)
         return web.Response(text=text, content_type="text/plain")
 
     async def healthz(self, request: web.Request) -> web.Response:

@@ -7,6 +7,7 @@ store, nothing more); rendering happens only when `/metrics` is scraped.
 from __future__ import annotations
 
 import bisect
+from typing import Any
 
 FSYNC_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096)
@@ -60,7 +61,7 @@ class Metrics:
         self.append_batch.observe(entries)
 
     def render(self, commit_index: int, role: str, peer_dials: dict[str, int] | None = None,
-               snapshot_bytes_sent: int = 0) -> str:
+               snapshot_bytes_sent: int = 0, archive: Any = None) -> str:
         lines = [
             "# HELP flotilla_term Current Raft term.",
             "# TYPE flotilla_term gauge",
@@ -113,6 +114,25 @@ class Metrics:
         ]
         for peer, count in sorted((peer_dials or {}).items()):
             lines.append(f'flotilla_peer_stream_dials_total{{peer="{peer}"}} {count}')
+        if archive is not None:  # the Archiver, when --archive is set
+            lines += [
+                "# HELP flotilla_archive_last_archived_index Highest index the archive covers "
+                "with no gap, as this member last knew it (it ships while it leads).",
+                "# TYPE flotilla_archive_last_archived_index gauge",
+                f"flotilla_archive_last_archived_index {archive.last_archived_index}",
+                "# HELP flotilla_archive_last_snapshot_index Newest archived snapshot.",
+                "# TYPE flotilla_archive_last_snapshot_index gauge",
+                f"flotilla_archive_last_snapshot_index {archive.last_snapshot_index}",
+                "# HELP flotilla_archive_uploads_total Objects this member archived, by kind.",
+                "# TYPE flotilla_archive_uploads_total counter",
+            ]
+            for kind, count in sorted(archive.uploads.items()):
+                lines.append(f'flotilla_archive_uploads_total{{kind="{kind}"}} {count}')
+            lines += [
+                "# HELP flotilla_archive_errors_total Archiving rounds that failed (retried).",
+                "# TYPE flotilla_archive_errors_total counter",
+                f"flotilla_archive_errors_total {archive.failures}",
+            ]
         lines += self.fsync.render("flotilla_fsync_seconds", "Duration of log fsyncs.")
         lines += self.append.render(
             "flotilla_append_seconds",

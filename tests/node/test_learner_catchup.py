@@ -67,10 +67,14 @@ def test_a_new_learner_catches_up_behind_a_compacted_log(local_cluster, tmp_path
     via_leader = mine['flotilla_snapshots_installed_total{source="leader"}']
     if archive:
         assert (via_archive, via_leader, streamed, referred) == (1, 0, 0, 1)
+        assert after['flotilla_archive_uploads_total{kind="snapshot"}'] >= 1
+        assert after["flotilla_archive_last_snapshot_index"] >= first - 1
+        assert after["flotilla_archive_errors_total"] == 0
         assert after["flotilla_snapshot_bytes_sent_total"] == before[
             "flotilla_snapshot_bytes_sent_total"]
     else:
         assert (via_archive, via_leader, streamed, referred) == (0, 1, 1, 0)
+        assert "flotilla_archive_last_archived_index" not in after
     with learner.client() as c:
         got = c.get("k123", consistency="serializable")
         assert (got.status, got.body) == (200, b"v" * 200)
