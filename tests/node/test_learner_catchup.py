@@ -79,3 +79,28 @@ def test_a_new_learner_catches_up_behind_a_compacted_log(local_cluster, tmp_path
         got = c.get("k123", consistency="serializable")
         assert (got.status, got.body) == (200, b"v" * 200)
         assert c.get("tail19", consistency="serializable").body == b"t"
+
+
+def test_a_learner_that_cannot_reach_the_archive_is_streamed_the_snapshot(
+        local_cluster, tmp_path):  # noqa: F811
+    """The leader refers the learner to the archive; the learner has no --archive, answers
+    409, and the leader streams the snapshot instead."""
+    cluster = local_cluster(3, extra_args=["--archive", (tmp_path / "archive").as_uri()],
+                            **FAST)
+    leader = cluster.wait_leader(20)
+    with cluster.client(leader) as c:
+        for i in range(50):
+            assert c.put(f"k{i}", b"v").status == 200
+        snap = c.request("POST", "/v1/snapshot", b"")
+        assert "/archive/" in snap.json()["location"], snap.body
+    before = metrics(cluster.nodes[leader])
+    cluster.extra_args = []  # the learner alone starts without an archive
+    learner = cluster.add_member("n3")
+    caught_up(cluster, "n3", leader)
+    after = metrics(cluster.nodes[leader])
+    mine = metrics(learner)
+    assert after["flotilla_snapshots_sent_total"] - before["flotilla_snapshots_sent_total"] == 1
+    assert (after["flotilla_snapshot_references_sent_total"]
+            == before["flotilla_snapshot_references_sent_total"])
+    assert mine['flotilla_snapshots_installed_total{source="leader"}'] == 1
+    assert "could not fetch snapshot" in cluster.nodes[leader].log_tail(200)
