@@ -79,6 +79,12 @@ class _Proposal:
     size: int
 
 
+def _restored_machine(payload) -> KVStateMachine:
+    sm = KVStateMachine()
+    sm.restore(payload)
+    return sm
+
+
 class NodeServer:
     def __init__(self, cfg: NodeConfig) -> None:
         self.cfg = cfg
@@ -103,8 +109,8 @@ class NodeServer:
         self._background: set[asyncio.Task] = set()
         self._log_bytes_since_snapshot = 0
         self._entries_since_snapshot = 0
-        # The newest snapshot file, verified once when it was written, received or found at
-        # start: SnapshotStore.latest() reads a whole file, so it is never called per request.
+        # The newest snapshot file, verified once when it was written, received or loaded at
+        # start: it is never looked for again per request.
         self._snapshot: StoredSnapshot | None = None
         self._snapshot_bytes = 0
         self._snapshot_sources: dict[Path, str] = {}  # received files fetched from the archive
@@ -133,14 +139,19 @@ class NodeServer:
                 self.storage.install_snapshot(SnapshotMeta(0, 0, membership))
             recovered = self.storage.recover()
         self.sm = KVStateMachine()
-        latest = self.snapshots.latest()
-        if latest is not None:
+        found = self.snapshots.load_latest(_restored_machine)  # one read, checked as it goes
+        if found is not None:
+            latest, self.sm = found
             if latest.meta.index > recovered.snapshot.index:
                 # A crash came between making the snapshot durable and moving the log past it.
                 self.storage.install_snapshot(latest.meta)
                 recovered = self.storage.recover()
-            with self.snapshots.open_payload(latest.path) as payload:
-                self.sm.restore(payload)
+            elif latest.meta.index < recovered.snapshot.index:
+                raise StorageError(
+                    f"{latest.path}: the newest snapshot that verifies is at index "
+                    f"{latest.meta.index}, but the log starts after {recovered.snapshot.index}. "
+                    "Remove the data dir and re-add this member as a learner"
+                )
             self._remember_snapshot(latest)
         elif recovered.snapshot.index > 0:
             raise StorageError(
@@ -564,10 +575,8 @@ class NodeServer:
             raise StorageError("a snapshot to install arrived without its file")
 
         def restore() -> KVStateMachine:
-            sm = KVStateMachine()
             with self.snapshots.open_payload(path) as payload:
-                sm.restore(payload)
-            return sm
+                return _restored_machine(payload)
 
         self.sm = await asyncio.to_thread(restore)
         await asyncio.to_thread(self.storage.install_snapshot, snap.meta)

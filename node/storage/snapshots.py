@@ -31,12 +31,14 @@ import tempfile
 import zlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO, NamedTuple
+from typing import BinaryIO, NamedTuple, TypeVar
 
 from flotilla.node.consensus.types import Membership, SnapshotMeta
 
 from .errors import CorruptDataError
 from .fsutil import TEMP_SUFFIX, ensure_dir, fsync_dir, remove_temp_files
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -250,6 +252,11 @@ class PayloadReader(io.RawIOBase):
             self._verify()
         return count
 
+    def finish(self) -> None:
+        """Read whatever the consumer left and check the payload's checksum."""
+        while self.read(CHUNK):
+            pass
+
     def _verify(self) -> None:
         if self._crc != self._expected_crc:
             raise CorruptDataError(self.path, self._payload_start, "payload checksum mismatch")
@@ -290,15 +297,26 @@ class SnapshotStore:
         A damaged newest snapshot is skipped with a WARNING. Returns None if there are no
         snapshots; raises CorruptDataError if there are some but none verifies.
         """
+        found = self.load_latest(lambda _reader: None)
+        return found[0] if found is not None else None
+
+    def load_latest(self, load: Callable[[PayloadReader], T]) -> tuple[StoredSnapshot, T] | None:
+        """Like `latest()`, reading the file once: `load(payload)` consumes the payload of the
+        newest snapshot as it is checked (a state machine restoring itself) and its result is
+        returned with the snapshot. If the checksum fails, what `load` built must be thrown
+        away: the next older snapshot is tried."""
         failures: list[CorruptDataError] = []
         for path in self._committed():
             try:
-                meta, kind = self._verify(path)
+                with PayloadReader(path) as reader:
+                    self._check_name(path, reader.meta)
+                    result = load(reader)
+                    reader.finish()
             except CorruptDataError as exc:
                 log.warning("snapshot %s is damaged (%s); trying an older one", path, exc)
                 failures.append(exc)
                 continue
-            return StoredSnapshot(meta, kind, path)
+            return StoredSnapshot(reader.meta, reader.kind, path), result
         if not failures:
             return None
         first = failures[0]
@@ -323,29 +341,15 @@ class SnapshotStore:
                 log.warning("ignoring unexpected file %s in the snapshot directory", path)
         return [path for _, path in sorted(found, reverse=True)]
 
-    def _verify(self, path: Path) -> tuple[SnapshotMeta, str]:
-        with open(path, "rb") as file:
-            header = _read_header(file, path, os.fstat(file.fileno()).st_size)
-            if path.name != snapshot_name(header.meta):
-                raise CorruptDataError(
-                    path,
-                    0,
-                    f"header says index {header.meta.index} term {header.meta.term}, "
-                    "which does not match the file name",
-                )
-            crc = 0
-            remaining = header.payload_length
-            buffer = bytearray(min(CHUNK, max(remaining, 1)))
-            while remaining:
-                view = memoryview(buffer)[: min(remaining, len(buffer))]
-                count = file.readinto(view)
-                if not count:
-                    raise CorruptDataError(path, file.tell(), "payload ends early")
-                crc = zlib.crc32(view[:count], crc)
-                remaining -= count
-            if crc != header.payload_crc:
-                raise CorruptDataError(path, len(header.raw), "payload checksum mismatch")
-        return header.meta, header.kind
+    @staticmethod
+    def _check_name(path: Path, meta: SnapshotMeta) -> None:
+        if path.name != snapshot_name(meta):
+            raise CorruptDataError(
+                path,
+                0,
+                f"header says index {meta.index} term {meta.term}, which does not match the "
+                "file name",
+            )
 
     def _finished(self, writer: SnapshotWriter, *, committed: bool) -> None:
         if self._writer is writer:
@@ -366,20 +370,21 @@ class SnapshotStore:
         """Make a whole snapshot file obtained elsewhere (an archive) the newest one here.
 
         `fetch(path)` must create `path` atomically (it appears complete or not at all, and
-        durably); the file is then verified like any other before it replaces older ones.
-        Raises CorruptDataError (the file is removed) if it is not the snapshot `meta` names."""
+        durably) and check its content end to end (the archive's SHA-256): only the header is
+        read here, and the payload's checksum is checked again when it is installed. Raises
+        CorruptDataError (the file is removed) if it is not the snapshot `meta` names."""
         if self._writer is not None:
             raise RuntimeError(f"a snapshot is already being written ({self._writer.temp_path})")
         path = self.directory / snapshot_name(meta)
         fetch(path)
         try:
-            found, kind = self._verify(path)
+            with PayloadReader(path) as reader:
+                found, kind = reader.meta, reader.kind
+            if (found.index, found.term) != (meta.index, meta.term):
+                raise CorruptDataError(path, 0, f"holds snapshot {found.index}/{found.term}, "
+                                                f"not {meta.index}/{meta.term}")
         except CorruptDataError:
             path.unlink(missing_ok=True)
             raise
-        if (found.index, found.term) != (meta.index, meta.term):
-            path.unlink(missing_ok=True)
-            raise CorruptDataError(path, 0, f"holds snapshot {found.index}/{found.term}, not "
-                                            f"{meta.index}/{meta.term}")
         self._keep_only(path)
         return StoredSnapshot(found, kind, path)

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 from flotilla.node.consensus import Entry, Membership, SnapshotMeta
-from flotilla.node.storage import DataDir, DiskStorage
+from flotilla.node.statemachine.kv import KVStateMachine
+from flotilla.node.storage import DataDir, DiskStorage, SnapshotStore
 
 
 def run_node(*args: str, timeout: float = 20) -> subprocess.CompletedProcess:
@@ -92,3 +93,32 @@ def test_another_clusters_data_dir_exits_3(tmp_path):
     result = run_node("--name", "n1", "--data-dir", str(data), "--cluster-id", "c2", *BASE)
     assert result.returncode == 3, result.stderr
     assert "belongs to cluster 'c1'" in result.stderr
+
+
+def test_an_older_snapshot_than_the_log_needs_is_refused_not_loaded(tmp_path):
+    """The newest snapshot is damaged and an older one verifies, but the log starts after the
+    newer one: loading the older one would silently lose the entries between (exit 3)."""
+    data = tmp_path / "n1"
+    _log_with_sealed_segment(data, "c1")
+    storage = DiskStorage(data, cluster_id="c1", segment_bytes=4096)
+    storage.recover()
+    storage.compact(40)
+    storage.close()
+    store = SnapshotStore(DataDir.open(data, cluster_id="c1", member_name="n1").snapshot_dir)
+    membership = Membership(voters=frozenset({"n1"}))
+    paths = {}
+    for index in (20, 40):
+        writer = store.begin(SnapshotMeta(index, 1, membership), "kv")
+        frozen = KVStateMachine().freeze()
+        frozen.write(writer)
+        frozen.release()
+        paths[index] = writer.commit()
+        if index == 20:
+            kept = paths[20].read_bytes()  # the store keeps only the newest: put it back below
+    paths[20].write_bytes(kept)
+    raw = bytearray(paths[40].read_bytes())
+    raw[-20] ^= 0x01  # inside the payload or its trailer: the newest no longer verifies
+    paths[40].write_bytes(bytes(raw))
+    result = run_node("--name", "n1", "--data-dir", str(data), "--cluster-id", "c1", *BASE)
+    assert result.returncode == 3, result.stderr
+    assert "the newest snapshot that verifies is at index 20" in result.stderr
