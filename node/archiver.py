@@ -93,19 +93,16 @@ class Archiver:
             return None
         return self.last_archived_index
 
-    async def ship_now(self, snapshot_index: int) -> str | None:
-        """Run a round now (POST /v1/snapshot) and return where the snapshot at
-        `snapshot_index` is archived, or None when this member does not ship (a follower).
-        Raises ArchiveError when the archive cannot be reached."""
+    async def ship_now(self, index: int, term: int) -> str | None:
+        """Run a round now (POST /v1/snapshot) and return where snapshot (index, term) is
+        archived, or None when this member does not ship (a follower). Raises ArchiveError
+        when the archive cannot be reached."""
         if self.node.core.role is not Role.LEADER:
             return None
         async with self._busy:
             await self._round()
-        manifest = self.cluster.cached_manifest
-        for record in manifest.snapshots if manifest is not None else ():
-            if record.index == snapshot_index:
-                return self.cluster.location(record)
-        return None
+        record = self.archived_snapshot(index, term)
+        return self.cluster.location(record) if record is not None else None
 
     def archived_snapshot(self, index: int, term: int) -> SnapshotRecord | None:
         """The archive's record of snapshot (index, term) if the newest manifest this member
@@ -188,10 +185,8 @@ class Archiver:
 
     async def _ship_snapshot(self) -> None:
         stored = self.node._snapshot
-        if stored is None or stored.meta.index <= max(self.last_snapshot_index, 0):
-            return
-        if stored.meta.index == 0:
-            return
+        if stored is None or stored.meta.index <= self.last_snapshot_index:
+            return  # nothing newer (the bootstrap snapshot at 0 is never shipped)
         await asyncio.to_thread(self.cluster.upload_snapshot, stored.path, stored.meta)
         self._adopt(await asyncio.to_thread(self.cluster.publish))
         self.uploads["snapshot"] += 1

@@ -712,7 +712,7 @@ class ClientAPI:
         archiver = self.node.archiver
         if archiver is not None:
             try:
-                location = await archiver.ship_now(doc["index"])
+                location = await archiver.ship_now(doc["index"], doc["term"])
             except ArchiveError as exc:
                 return error(503, "archive_unavailable",
                              f"the snapshot at index {doc['index']} was written here but not "

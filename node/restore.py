@@ -62,14 +62,9 @@ def restore(cfg: NodeConfig, data_dir: Path, snapshots: SnapshotStore,
                 sm.apply(entry.index, entry.data)
             replayed += 1
         meta = SnapshotMeta(plan.index, 0, membership)
-        writer = snapshots.begin(meta, sm.kind)
         frozen = sm.freeze()
         try:
-            frozen.write(writer)
-            writer.commit()
-        except BaseException:
-            writer.abort()
-            raise
+            snapshots.save(meta, sm.kind, frozen.write)
         finally:
             frozen.release()
         storage.install_snapshot(meta)

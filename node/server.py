@@ -461,15 +461,10 @@ class NodeServer:
             if self._snapshot is not None and self._snapshot.meta.index == index:
                 return self._snapshot_doc()
             meta = SnapshotMeta(index, core.log.term(index), core.log.membership_at(index))
-            frozen = self.sm.freeze()
+            frozen = self.sm.freeze()  # applies go on while it is written
             try:
-                writer = self.snapshots.begin(meta, self.sm.kind)
-                try:
-                    await asyncio.to_thread(frozen.write, writer)
-                    path = await asyncio.to_thread(writer.commit)
-                except BaseException:
-                    writer.abort()
-                    raise
+                path = await asyncio.to_thread(self.snapshots.save, meta, self.sm.kind,
+                                               frozen.write)
             finally:
                 frozen.release()
             # Entries the archive does not have yet stay in the log (the archiver ships them).

@@ -291,6 +291,18 @@ class SnapshotStore:
         self._writer = SnapshotWriter(self, meta, kind)
         return self._writer
 
+    def save(self, meta: SnapshotMeta, kind: str, write: Callable[[SnapshotWriter], object]
+             ) -> Path:
+        """Write a whole snapshot: `write(writer)` writes the payload; the file is committed
+        when it returns and thrown away if anything fails. Returns its path."""
+        writer = self.begin(meta, kind)
+        try:
+            write(writer)
+            return writer.commit()
+        except BaseException:
+            writer.abort()
+            raise
+
     def latest(self) -> StoredSnapshot | None:
         """The newest snapshot whose checksums verify (this reads it whole).
 
