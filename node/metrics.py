@@ -62,77 +62,55 @@ class Metrics:
 
     def render(self, commit_index: int, role: str, peer_dials: dict[str, int] | None = None,
                snapshot_bytes_sent: int = 0, archive: Any = None) -> str:
-        lines = [
-            "# HELP flotilla_term Current Raft term.",
-            "# TYPE flotilla_term gauge",
-            f"flotilla_term {self.term}",
-            "# HELP flotilla_is_leader 1 if this member leads.",
-            "# TYPE flotilla_is_leader gauge",
-            f"flotilla_is_leader {int(self.is_leader)}",
-            "# HELP flotilla_role Role of this member.",
-            "# TYPE flotilla_role gauge",
-            f'flotilla_role{{role="{role}"}} 1',
-            "# HELP flotilla_commit_index Highest index known committed.",
-            "# TYPE flotilla_commit_index gauge",
-            f"flotilla_commit_index {commit_index}",
-            "# HELP flotilla_applied_index Highest index applied to the state machine.",
-            "# TYPE flotilla_applied_index gauge",
-            f"flotilla_applied_index {self.applied}",
-            "# HELP flotilla_proposals_total Proposals this member accepted as leader.",
-            "# TYPE flotilla_proposals_total counter",
-            f"flotilla_proposals_total {self.proposals}",
-            "# HELP flotilla_proposals_refused_total Writes refused because too many were "
-            "already waiting (back-pressure, answered 503).",
-            "# TYPE flotilla_proposals_refused_total counter",
-            f"flotilla_proposals_refused_total {self.proposals_refused}",
-            "# HELP flotilla_log_appended_entries_total Entries appended to this member's log.",
-            "# TYPE flotilla_log_appended_entries_total counter",
-            f"flotilla_log_appended_entries_total {self.appended_entries}",
-            "# HELP flotilla_snapshots_taken_total Snapshots this member wrote.",
-            "# TYPE flotilla_snapshots_taken_total counter",
-            f"flotilla_snapshots_taken_total {self.snapshots_taken}",
-            "# HELP flotilla_snapshots_sent_total Snapshots streamed by this member as leader.",
-            "# TYPE flotilla_snapshots_sent_total counter",
-            f"flotilla_snapshots_sent_total {self.snapshots_sent}",
-            "# HELP flotilla_snapshot_bytes_sent_total Snapshot payload bytes this member "
-            "streamed to followers.",
-            "# TYPE flotilla_snapshot_bytes_sent_total counter",
-            f"flotilla_snapshot_bytes_sent_total {snapshot_bytes_sent}",
-            "# HELP flotilla_snapshot_references_sent_total Snapshots this leader pointed a "
-            "follower to in the archive instead of streaming them.",
-            "# TYPE flotilla_snapshot_references_sent_total counter",
-            f"flotilla_snapshot_references_sent_total {self.snapshot_references_sent}",
-            "# HELP flotilla_snapshots_installed_total Snapshots installed, by source.",
-            "# TYPE flotilla_snapshots_installed_total counter",
-        ]
-        for source, count in sorted(self.snapshots_installed.items()):
-            lines.append(f'flotilla_snapshots_installed_total{{source="{source}"}} {count}')
-        lines += [
-            "# HELP flotilla_peer_stream_dials_total Peer streams this member opened, by peer "
-            "(a count that keeps rising means a flapping link).",
-            "# TYPE flotilla_peer_stream_dials_total counter",
-        ]
-        for peer, count in sorted((peer_dials or {}).items()):
-            lines.append(f'flotilla_peer_stream_dials_total{{peer="{peer}"}} {count}')
+        lines: list[str] = []
+
+        def family(name: str, kind: str, help_text: str, samples: Any,
+                   label: str | None = None) -> None:
+            """One metric: `samples` is a value, or {label value: value} for `label`."""
+            lines.extend((f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"))
+            if label is None:
+                lines.append(f"{name} {samples}")
+            else:
+                lines.extend(f'{name}{{{label}="{key}"}} {value}'
+                             for key, value in sorted(samples.items()))
+
+        family("flotilla_term", "gauge", "Current Raft term.", self.term)
+        family("flotilla_is_leader", "gauge", "1 if this member leads.", int(self.is_leader))
+        family("flotilla_role", "gauge", "Role of this member.", {role: 1}, "role")
+        family("flotilla_commit_index", "gauge", "Highest index known committed.", commit_index)
+        family("flotilla_applied_index", "gauge",
+               "Highest index applied to the state machine.", self.applied)
+        family("flotilla_proposals_total", "counter",
+               "Proposals this member accepted as leader.", self.proposals)
+        family("flotilla_proposals_refused_total", "counter",
+               "Writes refused because too many were already waiting (back-pressure, "
+               "answered 503).", self.proposals_refused)
+        family("flotilla_log_appended_entries_total", "counter",
+               "Entries appended to this member's log.", self.appended_entries)
+        family("flotilla_snapshots_taken_total", "counter", "Snapshots this member wrote.",
+               self.snapshots_taken)
+        family("flotilla_snapshots_sent_total", "counter",
+               "Snapshots streamed by this member as leader.", self.snapshots_sent)
+        family("flotilla_snapshot_bytes_sent_total", "counter",
+               "Snapshot payload bytes this member streamed to followers.", snapshot_bytes_sent)
+        family("flotilla_snapshot_references_sent_total", "counter",
+               "Snapshots this leader pointed a follower to in the archive instead of "
+               "streaming them.", self.snapshot_references_sent)
+        family("flotilla_snapshots_installed_total", "counter",
+               "Snapshots installed, by source.", self.snapshots_installed, "source")
+        family("flotilla_peer_stream_dials_total", "counter",
+               "Peer streams this member opened, by peer (a count that keeps rising means a "
+               "flapping link).", peer_dials or {}, "peer")
         if archive is not None:  # the Archiver, when --archive is set
-            lines += [
-                "# HELP flotilla_archive_last_archived_index Highest index the archive covers "
-                "with no gap, as this member last knew it (it ships while it leads).",
-                "# TYPE flotilla_archive_last_archived_index gauge",
-                f"flotilla_archive_last_archived_index {archive.last_archived_index}",
-                "# HELP flotilla_archive_last_snapshot_index Newest archived snapshot.",
-                "# TYPE flotilla_archive_last_snapshot_index gauge",
-                f"flotilla_archive_last_snapshot_index {archive.last_snapshot_index}",
-                "# HELP flotilla_archive_uploads_total Objects this member archived, by kind.",
-                "# TYPE flotilla_archive_uploads_total counter",
-            ]
-            for kind, count in sorted(archive.uploads.items()):
-                lines.append(f'flotilla_archive_uploads_total{{kind="{kind}"}} {count}')
-            lines += [
-                "# HELP flotilla_archive_errors_total Archiving rounds that failed (retried).",
-                "# TYPE flotilla_archive_errors_total counter",
-                f"flotilla_archive_errors_total {archive.failures}",
-            ]
+            family("flotilla_archive_last_archived_index", "gauge",
+                   "Highest index the archive covers with no gap, as this member last knew it "
+                   "(it ships while it leads).", archive.last_archived_index)
+            family("flotilla_archive_last_snapshot_index", "gauge",
+                   "Newest archived snapshot.", archive.last_snapshot_index)
+            family("flotilla_archive_uploads_total", "counter",
+                   "Objects this member archived, by kind.", archive.uploads, "kind")
+            family("flotilla_archive_errors_total", "counter",
+                   "Archiving rounds that failed (retried).", archive.failures)
         lines += self.fsync.render("flotilla_fsync_seconds", "Duration of log fsyncs.")
         lines += self.append.render(
             "flotilla_append_seconds",
