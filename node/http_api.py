@@ -78,6 +78,15 @@ def bad_request(sentence: str) -> web.Response:
     return error(400, "bad_request", sentence)
 
 
+def _unexpected(request: web.Request, exc: Exception) -> web.Response:
+    """The last resort of both ports' error middlewares: never a bare 500 or a traceback."""
+    if isinstance(exc, ConnectionResetError):
+        return bad_request("the connection closed before the whole request arrived")
+    log.error("%s %s failed", request.method, request.path, exc_info=exc)
+    return error(500, "internal", f"this member failed on {request.method} {request.path}; "
+                 "its log says why")
+
+
 def _http_exception(request: web.Request, exc: web.HTTPException) -> web.Response:
     """aiohttp's own refusals (no route, wrong method, unreadable request) as JSON errors."""
     where = f"{request.method} {request.path}"
@@ -176,12 +185,8 @@ async def _peer_errors(request: web.Request, handler) -> web.StreamResponse:
             return error(413, "too_large", f"a peer request may carry at most "
                          f"{PEER_BODY_LIMIT} bytes")
         return _http_exception(request, exc)
-    except ConnectionResetError:
-        return bad_request("the connection closed before the whole request arrived")
-    except Exception:
-        log.exception("peer request %s %s failed", request.method, request.path)
-        return error(500, "internal", f"this member failed on {request.method} "
-                     f"{request.path}; its log says why")
+    except Exception as exc:
+        return _unexpected(request, exc)
 
 
 # --- peer API ---------------------------------------------------------------------------------
@@ -351,12 +356,8 @@ class ClientAPI:
             return unavailable(str(exc))
         except TimeoutError:
             return unavailable("the cluster did not answer in time; retry")
-        except ConnectionResetError:
-            return bad_request("the connection closed before the whole request arrived")
-        except Exception:
-            log.exception("%s %s failed", request.method, request.path)
-            return error(500, "internal", f"this member failed on {request.method} "
-                         f"{request.path}; its log says why")
+        except Exception as exc:
+            return _unexpected(request, exc)
 
     # --- helpers -----------------------------------------------------------------------
 
