@@ -21,7 +21,15 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tests.harness.kvclient import TRANSPORT_ERRORS, KVClient, Response, Workload, classify
+from tests.harness.kvclient import (
+    TRANSPORT_ERRORS,
+    FinalRead,
+    KVClient,
+    Response,
+    Workload,
+    classify,
+    read_final_reads,
+)
 from tests.harness.linearizability import History, Kind, Op, Status, check_final_state
 from tests.harness.polling import wait_for
 from tests.harness.processes import LocalCluster
@@ -287,52 +295,12 @@ def settle(cluster: LocalCluster, keys: Iterable[str], timeout: float = 30.0,
                          f"{cluster.log_tails(10)}")
 
 
-@dataclass(frozen=True)
-class FinalRead:
-    """One linearizable read of a key after the run: what the checker takes as final."""
-
-    key: str
-    value: bytes | None
-    member: str
-    index: int | None  # Flotilla-Index: the log index the answer reflects
-    mod_index: int | None  # Flotilla-Mod-Index: the index that last changed the key
-    at: float  # time.monotonic() when the answer arrived
-
-    def __str__(self) -> str:
-        return (f"{self.value!r} from {self.member} (Flotilla-Index {self.index}, "
-                f"Mod-Index {self.mod_index})")
-
-
 def final_reads(cluster: LocalCluster, keys: Iterable[str], timeout: float = 30.0
                 ) -> dict[str, FinalRead]:
-    """Read every key linearizably, each from every running member in turn (retrying one that
-    does not answer 200/404), keeping who answered and the indexes."""
-    deadline = time.monotonic() + timeout
-    names = [m for m in cluster.members if cluster.nodes[m].running]
-    out: dict[str, FinalRead] = {}
-    clients = {m: cluster.client(m, timeout=2.0) for m in names}
-    try:
-        for n, key in enumerate(keys):
-            last = "no attempt"
-            for attempt in itertools.count():
-                m = names[(n + attempt) % len(names)]
-                try:
-                    resp = clients[m].get(key)
-                except TRANSPORT_ERRORS as exc:
-                    last = f"{m}: {type(exc).__name__}: {exc}"
-                else:
-                    if resp.status in (200, 404):
-                        out[key] = FinalRead(key, resp.body if resp.status == 200 else None, m,
-                                             resp.index, resp.mod_index, time.monotonic())
-                        break
-                    last = f"{m}: {resp.status} {resp.body[:200]!r}"
-                if time.monotonic() > deadline:
-                    raise AssertionError(f"could not read {key!r} within {timeout}s; {last}")
-                time.sleep(0.1)
-    finally:
-        for c in clients.values():
-            c.close()
-    return out
+    """Read every key linearizably, spread over the running members (retrying one that does
+    not answer 200/404), keeping who answered and the indexes."""
+    running = {m: cluster.nodes[m].url for m in cluster.members if cluster.nodes[m].running}
+    return read_final_reads(running, keys, timeout=timeout)
 
 
 def check_history(cluster: LocalCluster, w: Workload, *, min_ok: int = 30,

@@ -31,6 +31,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 from urllib.parse import quote, urlencode, urlsplit
 
@@ -38,10 +39,12 @@ from tests.harness.linearizability import History, Kind, Op
 
 __all__ = [
     "TRANSPORT_ERRORS",
+    "FinalRead",
     "KVClient",
     "Response",
     "Workload",
     "classify",
+    "read_final_reads",
     "read_finals",
 ]
 
@@ -495,31 +498,60 @@ class Workload:
                 self.errors.append(error)
 
 
-def read_finals(urls: Sequence[str], keys: Iterable[str], *, timeout: float = 30.0,
-                per_request: float = 2.0) -> dict[str, bytes | None]:
-    """Read every key linearizably (value, or None when absent), retrying across members until
-    ``timeout``: the final state for ``check_final_state`` once the cluster is healed."""
+@dataclass(frozen=True)
+class FinalRead:
+    """One linearizable read of a key after the run: what the checker takes as final."""
+
+    key: str
+    value: bytes | None
+    member: str  # the name (or URL) of the member that answered
+    index: int | None  # Flotilla-Index: the log index the answer reflects
+    mod_index: int | None  # Flotilla-Mod-Index: the index that last changed the key
+    at: float  # time.monotonic() when the answer arrived
+
+    def __str__(self) -> str:
+        return (f"{self.value!r} from {self.member} (Flotilla-Index {self.index}, "
+                f"Mod-Index {self.mod_index})")
+
+
+def read_final_reads(members: Mapping[str, str], keys: Iterable[str], *,
+                     timeout: float = 30.0, per_request: float = 2.0) -> dict[str, FinalRead]:
+    """Read every key linearizably from ``members`` ({name: client URL}), spreading the keys
+    over them and retrying a key on the next member until it answers 200/404 or ``timeout``
+    passes; keeps who answered and the indexes."""
     deadline = time.monotonic() + timeout
-    finals: dict[str, bytes | None] = {}
-    clients = [KVClient(u, timeout=per_request) for u in urls]
+    names = list(members)
+    clients = {name: KVClient(url, timeout=per_request) for name, url in members.items()}
+    out: dict[str, FinalRead] = {}
     try:
-        for key in keys:
+        for n, key in enumerate(keys):
             last = "no attempt"
             for attempt in itertools.count():
-                client = clients[attempt % len(clients)]
+                name = names[(n + attempt) % len(names)]
                 try:
-                    resp = client.get(key)
+                    resp = clients[name].get(key)
                 except TRANSPORT_ERRORS as exc:
-                    last = f"{client.url}: {type(exc).__name__}: {exc}"
+                    last = f"{name}: {type(exc).__name__}: {exc}"
                 else:
                     if resp.status in (200, 404):
-                        finals[key] = resp.body if resp.status == 200 else None
+                        out[key] = FinalRead(key, resp.body if resp.status == 200 else None,
+                                             name, resp.index, resp.mod_index,
+                                             time.monotonic())
                         break
-                    last = f"{client.url}: {resp.status} {resp.body[:200]!r}"
+                    last = f"{name}: {resp.status} {resp.body[:200]!r}"
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"could not read {key!r} within {timeout}s; last: {last}")
                 time.sleep(0.1)
     finally:
-        for c in clients:
+        for c in clients.values():
             c.close()
-    return finals
+    return out
+
+
+def read_finals(urls: Sequence[str], keys: Iterable[str], *, timeout: float = 30.0,
+                per_request: float = 2.0) -> dict[str, bytes | None]:
+    """Read every key linearizably (value, or None when absent), retrying across members until
+    ``timeout``: the final state for ``check_final_state`` once the cluster is healed."""
+    reads = read_final_reads({url: url for url in urls}, keys, timeout=timeout,
+                             per_request=per_request)
+    return {key: read.value for key, read in reads.items()}
