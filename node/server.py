@@ -469,9 +469,8 @@ class NodeServer:
                 frozen.release()
             # Entries the archive does not have yet stay in the log (the archiver ships them).
             retain = self.archiver.retain_after() if self.archiver is not None else None
-            keep = index - retain if retain is not None and retain < index else 0
-            core.compact(index, keep_entries=keep)
-            await asyncio.to_thread(self.storage.compact, index, index - keep)
+            core.compact(index, keep_entries=0 if retain is None else max(0, index - retain))
+            await asyncio.to_thread(self.storage.compact, index, retain)
             self._remember_snapshot(StoredSnapshot(meta, self.sm.kind, path))
             self.metrics.snapshots_taken += 1
             log.info("snapshot at %d (%d bytes, %s)", index, self._snapshot_bytes, reason)
