@@ -46,9 +46,7 @@ def test_disaster_restore(local_cluster, request, store_name):
 
     urls = [n.url for n in old.nodes.values()]
     # Two bursts of concurrent writers with a snapshot between them, so the restore is a
-    # snapshot plus segments. (The snapshot is taken between the bursts because a snapshot
-    # requested during steady writes is not shipped until they pause: see
-    # test_layout.py::test_snapshot_is_shipped_while_writes_continue.)
+    # snapshot plus segments.
     writes = []
     for burst, target in enumerate((60, 90)):
         writers = ConcurrentWriters(urls, keys, threads=3, delete_ratio=0.25,
