@@ -614,6 +614,9 @@ class NodeServer:
         return {
             "name": self.name,
             "cluster_id": self.cfg.cluster_id,
+            # Random per data dir: a member whose volume was replaced, or a removed member back
+            # on its old volume, is told apart from the member the cluster knew by this alone.
+            "member_uid": self.datadir.identity.member_uid,
             "role": self.role(),
             "term": core.term,
             "leader": core.leader,

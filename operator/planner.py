@@ -1,0 +1,390 @@
+"""The membership planner: what a cluster looks like now, in; the one next step, out.
+
+Pure: no I/O, no clock, no randomness. The Kubernetes adapter (`flotilla operator`) and the
+local adapter (`flotilla scale`) both observe, ask `plan()`, carry out the single step it
+returns, and observe again. Because the step is recomputed from what is observed every time,
+an adapter that crashes half-way, or a step that fails, is simply planned again.
+
+Members live in *slots*: ordinal names (`demo-0, demo-1, ...` on Kubernetes, `n1, n2, ...`
+locally), because a StatefulSet can only grow and shrink at its end. The first
+`spec.replicas` slots are the voters the user asked for; a slot's member can be in the Raft
+configuration (as voter or learner) or not, and its volume can hold the member the cluster
+knows, a fresh empty data dir, or stale data from before it was removed.
+
+The rules, in the order they are tried (the first that applies is the step):
+
+1. No leader: if too few voters answer to ever elect one, report Degraded and touch nothing
+   (quorum loss is for a human: bring members back, or restore from the archive).
+2. A joint configuration is being finished by the leader: wait for it.
+3. A member of the configuration whose volume was replaced (its `member_uid` is not the one
+   the cluster knew) or whose data dir is corrupt (it exits 3) is removed from the
+   configuration; it is re-added as a learner afterwards, like any missing member.
+4. Scale down: leadership moves off departing voters first, then one joint change to the
+   staying voters, then departing learners are removed, then the StatefulSet shrinks, then
+   removed members' volumes follow the volume policy.
+5. Scale up: grow the StatefulSet; each missing member, once its pod serves empty in
+   `existing` mode, is added as a learner; once every new learner has caught up, one joint
+   change makes them voters together. A slot that holds stale data (a removed member's old
+   volume) is wiped first: a removed member never rejoins on its old data. A learner that
+   has not caught up within the timeout is removed and added again (never promoted).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from enum import Enum
+from typing import Any
+
+__all__ = [
+    "CATCH_UP_SLACK",
+    "Action",
+    "CatchUp",
+    "Observed",
+    "Plan",
+    "Record",
+    "Slot",
+    "Step",
+    "caught_up",
+    "plan",
+]
+
+# A learner counts as caught up when it is within this many entries of the leader's commit
+# index (or a tenth of it, for small logs). The node's PUT /v1/config applies the same test
+# and answers 422 otherwise; tests/operator/test_planner.py checks the two agree.
+CATCH_UP_SLACK = 1000
+
+# The exit code of a member that will not use its data dir (corrupt, or another cluster's).
+EXIT_BAD_DATA_DIR = 3
+
+
+class Step(Enum):
+    """The kinds of step, named for what the adapter does."""
+
+    WAIT = "wait"  # nothing to do until something changes (the reason says what)
+    RESIZE = "resize"  # StatefulSet replicas / the local slots that run: `size`
+    ADD_LEARNER = "add-learner"  # POST /v1/members for `member`
+    CHANGE_VOTERS = "change-voters"  # PUT /v1/config {voters}: one joint-consensus change
+    TRANSFER_LEADER = "transfer-leader"  # POST /v1/leader {name: member}
+    REMOVE_MEMBER = "remove-member"  # DELETE /v1/members/{member}
+    RESET_VOLUME = "reset-volume"  # wipe `member`'s volume so its slot starts empty
+    DELETE_VOLUME = "delete-volume"  # a removed slot's volume, by the Delete policy
+    DONE = "done"  # the configuration is exactly what was asked for
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    step: Step
+    reason: str
+    member: str | None = None
+    voters: tuple[str, ...] = ()
+    size: int | None = None
+
+    def describe(self) -> str:
+        target = {
+            Step.RESIZE: f" to {self.size}",
+            Step.CHANGE_VOTERS: f" to {', '.join(self.voters)}",
+        }.get(self.step, f" {self.member}" if self.member else "")
+        return f"{self.step.value}{target}: {self.reason}"
+
+
+@dataclass(frozen=True, slots=True)
+class CatchUp:
+    """When a learner's catch-up began (adapter clock, seconds; None while it is out of the
+    configuration between two tries) and how many tries it has had."""
+
+    since: float | None
+    attempts: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """What the planner must remember because the cluster cannot tell it again: written back
+    by the adapter (RaftCluster status, or the local state file) after every plan."""
+
+    bootstrapped: bool = False
+    uids: Mapping[str, str] = field(default_factory=dict)  # member -> the member_uid it had
+    removed: frozenset[str] = frozenset()  # member_uids removed: never to rejoin
+    catch_up: Mapping[str, CatchUp] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "bootstrapped": self.bootstrapped,
+            "uids": dict(sorted(self.uids.items())),
+            "removed": sorted(self.removed),
+            "catch_up": {n: {"since": c.since, "attempts": c.attempts}
+                         for n, c in sorted(self.catch_up.items())},
+        }
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any] | None) -> Record:
+        doc = doc or {}
+        return cls(
+            bootstrapped=bool(doc.get("bootstrapped", False)),
+            uids=dict(doc.get("uids") or {}),
+            removed=frozenset(doc.get("removed") or ()),
+            catch_up={n: CatchUp(None if c.get("since") is None else float(c["since"]),
+                                 int(c.get("attempts", 1)))
+                      for n, c in (doc.get("catch_up") or {}).items()},
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """One slot as the adapter saw it: its pod (or process), its volume and its own status."""
+
+    running: bool = False  # the pod exists and is not terminating / the process is alive
+    status: Mapping[str, Any] | None = None  # its own GET /v1/status, None if it did not answer
+    exit_code: int | None = None  # the last exit of its member process (crash loop), if any
+    volume: bool = True  # its PVC / data dir exists
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    desired: int  # spec.replicas: how many voters
+    size: int  # slots that run now (StatefulSet replicas)
+    slots: Mapping[str, Slot]  # what was seen, by slot name; unseen slots count as empty
+    names: Sequence[str]  # slot names in ordinal order, at least max(desired, size) long
+    record: Record
+    now: float  # the adapter's clock, seconds; only differences matter
+    catch_up_timeout: float = 600.0
+    delete_removed_volumes: bool = True  # the removed-volume policy is Delete
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    action: Action
+    record: Record  # to write back whatever the action's outcome
+    phase: str  # Bootstrapping, Ready, Scaling, Healing or Degraded
+    degraded: str | None = None  # why the cluster is unhealthy, even while work goes on
+    leader: str | None = None
+    leader_status: Mapping[str, Any] | None = None
+
+
+def caught_up(match: int | None, commit: int) -> bool:
+    """The node's own test for a learner that may be promoted (see CATCH_UP_SLACK)."""
+    return match is not None and commit - match <= min(CATCH_UP_SLACK, commit // 10)
+
+
+def plan(obs: Observed) -> Plan:
+    """The next single step for the cluster in `obs` (see the module docstring)."""
+    names = list(obs.names)
+    if len(names) < max(obs.desired, obs.size):
+        raise ValueError(f"{len(names)} slot names for {max(obs.desired, obs.size)} slots")
+    slots = {n: obs.slots.get(n, Slot(running=False, volume=False)) for n in names}
+    leader, lead = _leader(slots)
+    record = obs.record
+
+    if lead is None:
+        return _without_leader(obs, slots, names, record)
+
+    config = lead.get("config") or {}
+    voters = set(config.get("voters") or ())
+    learners = set(config.get("learners") or ())
+    members = voters | learners
+    if not record.bootstrapped:
+        record = replace(record, bootstrapped=True)
+    record = _remember(record, lead, slots, members, obs.now)
+    desired = set(names[: obs.desired])
+    commit = int(lead.get("commit_index") or 0)
+    progress = lead.get("members") or {}
+    unhealthy = [n for n in sorted(voters) if _status(slots.get(n)) is None]
+    degraded = (f"voters not answering: {', '.join(unhealthy)}" if unhealthy else None)
+
+    def done(step: Step, reason: str, phase: str, **kw: Any) -> Plan:
+        return Plan(Action(step, reason, **kw), record, phase, degraded, leader, lead)
+
+    if config.get("joint"):
+        return done(Step.WAIT, "the leader is finishing a joint-consensus change", "Scaling")
+
+    # 3. members whose data is gone or unusable leave the configuration first.
+    for name in sorted(members):
+        problem = _broken(name, slots.get(name), record)
+        if problem is None:
+            continue
+        if voters == {name}:
+            return done(Step.WAIT, f"{name} {problem}, but it is the only voter: restore "
+                        "from the archive", "Degraded")
+        return done(Step.REMOVE_MEMBER, f"{name} {problem}; it is removed and will be added "
+                    "back as a learner", "Healing", member=name)
+
+    # 4. scale down.
+    departing = members - desired
+    if departing & voters:
+        staying = voters & desired
+        if not staying:
+            return done(Step.WAIT, "none of the voters that stay is a voter yet: add them "
+                        "first", "Scaling")
+        if leader in departing:
+            target = max(sorted(staying), key=lambda n: (_status(slots.get(n)) is not None,
+                                                         _match(progress, n) or 0))
+            return done(Step.TRANSFER_LEADER, f"the leader {leader} is leaving; leadership "
+                        f"moves to {target} before the change", "Scaling", member=target)
+        return done(Step.CHANGE_VOTERS, f"scale down: {', '.join(sorted(departing & voters))} "
+                    "leave the voters", "Scaling", voters=tuple(sorted(staying)))
+    for name in sorted(departing & learners):
+        return done(Step.REMOVE_MEMBER, f"scale down: learner {name} leaves", "Scaling",
+                    member=name)
+    if obs.size > obs.desired:
+        return done(Step.RESIZE, f"scale down: the members of slots {obs.desired} and up have "
+                    "left the configuration", "Scaling", size=obs.desired)
+
+    # 5. scale up (and re-adding members that were removed to heal).
+    if obs.size < obs.desired:
+        return done(Step.RESIZE, f"scale up: {obs.desired - obs.size} new slot(s) start empty "
+                    "and wait to be added", "Scaling", size=obs.desired)
+    for name in [n for n in names[: obs.desired] if n not in members]:
+        slot = slots[name]
+        stale = _stale(slot, record)
+        if stale is not None:
+            return done(Step.RESET_VOLUME, f"{name} {stale}: a removed member never rejoins on "
+                        "its old data, so its volume is wiped", "Healing", member=name)
+        status = _status(slot)
+        if status is None:
+            return done(Step.WAIT, f"waiting for {name} to start and answer", "Scaling")
+        return done(Step.ADD_LEARNER, f"{name} joins as a learner", "Scaling", member=name)
+
+    new_learners = sorted(learners & desired)
+    if new_learners:
+        behind = [n for n in new_learners if not caught_up(_match(progress, n), commit)]
+        for name in behind:
+            track = record.catch_up.get(name)
+            if (track is not None and track.since is not None
+                    and obs.now - track.since > obs.catch_up_timeout):
+                return done(Step.REMOVE_MEMBER, f"learner {name} has not caught up in "
+                            f"{obs.catch_up_timeout:g}s (match {_match(progress, name)} of "
+                            f"commit {commit}); it is removed and added again (attempt "
+                            f"{track.attempts + 1})", "Scaling", member=name)
+        if behind:
+            lag = ", ".join(f"{n} at {_match(progress, n)}" for n in behind)
+            return done(Step.WAIT, f"learners catching up to commit {commit}: {lag}",
+                        "Scaling")
+        target = tuple(sorted(voters | set(new_learners)))
+        return done(Step.CHANGE_VOTERS, f"{', '.join(new_learners)} caught up and become "
+                    "voters", "Scaling", voters=target)
+
+    if obs.delete_removed_volumes:
+        for name in names[obs.size:]:
+            if slots[name].volume and not slots[name].running:
+                return done(Step.DELETE_VOLUME, f"{name} was removed and the volume policy is "
+                            "Delete", "Scaling", member=name)
+    return done(Step.DONE, f"{len(voters)} voters, as asked", "Degraded" if degraded
+                else "Ready")
+
+
+# --- observations ---------------------------------------------------------------------------
+
+
+def _status(slot: Slot | None) -> Mapping[str, Any] | None:
+    return slot.status if slot is not None and slot.running else None
+
+
+def _leader(slots: Mapping[str, Slot]) -> tuple[str | None, Mapping[str, Any] | None]:
+    """The member that says it leads, in the highest term any says so (an old leader cut off
+    from the others can still believe it leads, in an older term)."""
+    best: tuple[int, str, Mapping[str, Any]] | None = None
+    for name, slot in slots.items():
+        status = _status(slot)
+        if status and status.get("role") == "leader":
+            term = int(status.get("term") or 0)
+            if best is None or term > best[0]:
+                best = (term, name, status)
+    return (best[1], best[2]) if best else (None, None)
+
+
+def _match(progress: Mapping[str, Any], name: str) -> int | None:
+    info = progress.get(name) or {}
+    match = info.get("match_index")
+    return int(match) if match is not None else None
+
+
+def _broken(name: str, slot: Slot | None, record: Record) -> str | None:
+    """Why `name`, a member of the configuration, can never serve on its volume again."""
+    status = _status(slot)
+    known = record.uids.get(name)
+    if status is not None and known and status.get("member_uid") not in (None, known):
+        return "came back on a new, empty volume (its member_uid changed)"
+    if status is None and slot is not None and slot.exit_code == EXIT_BAD_DATA_DIR:
+        return "will not start on its data dir (it exits 3: corrupt, or not its own)"
+    return None
+
+
+def _stale(slot: Slot, record: Record) -> str | None:
+    """Why a slot that is not a member cannot be added as it is, if it cannot."""
+    if slot.exit_code == EXIT_BAD_DATA_DIR and _status(slot) is None:
+        return "will not start on its data dir (it exits 3)"
+    status = _status(slot)
+    if status is None:
+        return None
+    if status.get("member_uid") in record.removed:
+        return "is back on the volume of a member that was removed"
+    if int(status.get("last_index") or 0) > 0 or _config_members(status):
+        return "holds data from when it was a member"
+    return None
+
+
+def _remember(record: Record, lead: Mapping[str, Any], slots: Mapping[str, Slot],
+              members: set[str], now: float) -> Record:
+    """Bring the record up to date with what the leader says: the uids of members that serve,
+    the uids of members that left (never to rejoin), and the learners' catch-up clocks."""
+    uids = dict(record.uids)
+    removed = set(record.removed)
+    for name in list(uids):
+        if name not in members:
+            removed.add(uids.pop(name))
+    for name in members:
+        status = _status(slots.get(name))
+        uid = status.get("member_uid") if status else None
+        if uid and name not in uids and uid not in removed and name in _config_members(status):
+            uids[name] = uid  # first sight of a member that holds the configuration itself
+    config = lead.get("config") or {}
+    learners, voters = set(config.get("learners") or ()), set(config.get("voters") or ())
+    catch_up: dict[str, CatchUp] = {}
+    for name, track in record.catch_up.items():
+        if name in learners:
+            catch_up[name] = track if track.since is not None else CatchUp(now,
+                                                                         track.attempts + 1)
+        elif name not in voters:
+            catch_up[name] = CatchUp(None, track.attempts)  # removed to retry: count kept
+    for name in learners - set(catch_up):
+        catch_up[name] = CatchUp(now)
+    return Record(True, uids, frozenset(removed), catch_up)
+
+
+def _config_members(status: Mapping[str, Any]) -> set[str]:
+    config = status.get("config") or {}
+    return set(config.get("voters") or ()) | set(config.get("learners") or ())
+
+
+def _without_leader(obs: Observed, slots: Mapping[str, Slot], names: Sequence[str],
+                    record: Record) -> Plan:
+    answering = {n: s.status for n, s in slots.items() if _status(s) is not None}
+    if not record.bootstrapped:
+        if obs.size == 0:
+            return Plan(Action(Step.RESIZE, f"bootstrap: {obs.desired} members start as the "
+                               "first configuration", size=obs.desired), record,
+                        "Bootstrapping")
+        return Plan(Action(Step.WAIT, "bootstrap: waiting for the first members to elect a "
+                           "leader"), record, "Bootstrapping")
+    if not answering:
+        reason = "no member answers"
+        return Plan(Action(Step.WAIT, f"{reason}; nothing is changed automatically"), record,
+                    "Degraded", reason)
+    # The newest configuration any answering member holds decides what a quorum is.
+    newest = max(answering.values(), key=lambda s: (int(s.get("term") or 0),
+                                                     int(s.get("commit_index") or 0)))
+    config = newest.get("config") or {}
+    groups = ([config["joint"]["old"], config["joint"]["new"]] if config.get("joint")
+              else [config.get("voters") or ()])
+    short = []
+    for group in groups:
+        up = [v for v in group if v in answering]
+        if len(up) * 2 <= len(group):
+            down = sorted(set(group) - set(up))
+            short.append(f"{len(up)} of {len(group)} voters answer ({', '.join(down)} do not)")
+    if short:
+        reason = ("quorum lost: " + "; ".join(short) + ". Nothing is changed automatically: "
+                  "bring the missing members back, or restore from the archive")
+        return Plan(Action(Step.WAIT, reason), record, "Degraded", reason)
+    return Plan(Action(Step.WAIT, "no leader yet: an election is under way"), record,
+                "Degraded", "no leader")
