@@ -18,7 +18,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 DESCRIPTION = "Flotilla: Raft replicated-state-machine clusters."
 EPILOG = """\
-`flotilla COMMAND --help` describes each command. up, status, down and kv find the local
+`flotilla COMMAND --help` describes each command. up, status, scale, down and kv find the local
 cluster in --dir (default ./.flotilla); kv and status also take --endpoints URL,URL.
 Exit codes: 0 success, 1 the command failed (one line on stderr), 2 bad usage.
 """
@@ -111,6 +111,28 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds to wait after SIGTERM before SIGKILL (default 15)")
     p.set_defaults(run=cmd_down)
 
+    p = commands.add_parser(
+        "scale", parents=[where],
+        help="change a local cluster to exactly N voters (joint consensus, one step at a time)",
+        description="Through the operator's planner: new members start empty and join as "
+                    "learners, catch up, and become voters in one joint-consensus change; "
+                    "leaving members hand leadership over first, leave in one joint change, "
+                    "then stop. Returns once the configuration is exactly N voters, not "
+                    "joint.")
+    p.add_argument("replicas", type=_positive, metavar="N", help="voters wanted")
+    p.add_argument("--timeout", type=float, default=300.0,
+                   help="seconds to wait for the change to finish (default 300)")
+    p.add_argument("--catch-up-timeout", type=float, default=600.0,
+                   help="a learner still behind after this many seconds is removed and added "
+                        "again, never promoted (default 600)")
+    p.add_argument("--keep-removed-data", action="store_true",
+                   help="keep the data dirs of removed members (they never rejoin on it: a "
+                        "slot that comes back is wiped first)")
+    p.set_defaults(run=cmd_scale)
+
+    commands.add_parser("operator", add_help=False,
+                        help="run the Kubernetes operator (flotilla operator --help)")
+
     kv = commands.add_parser("kv", help="the command-line client: kv put|get|del|ls",
                              description="The command-line client of the key-value API.")
     ops = kv.add_subparsers(dest="op", metavar="OP", required=True)
@@ -150,6 +172,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from flotilla.node.main import main as node_main
 
         return node_main(argv[1:])
+    if argv and argv[0] == "operator":
+        from flotilla.operator.main import main as operator_main
+
+        return operator_main(argv[1:])
     parser = build_parser()
     if not argv:
         parser.print_help(sys.stderr)
@@ -229,6 +255,18 @@ def cmd_down(args: argparse.Namespace) -> int:
         _say(f"{name}: {what}")
     _say(f"the cluster in {root} is down; its data is kept (`flotilla up --dir {root}` "
          "resumes it)")
+    return EXIT_OK
+
+
+def cmd_scale(args: argparse.Namespace) -> int:
+    from flotilla import scaling
+
+    root = _dir(args)
+    result = scaling.scale(root, args.replicas, timeout=args.timeout,
+                           catch_up_timeout=args.catch_up_timeout,
+                           keep_removed_data=args.keep_removed_data, say=_say)
+    voters = (result.leader_status or {}).get("config", {}).get("voters", [])
+    _say(f"voters: {', '.join(voters)} (leader {result.leader})")
     return EXIT_OK
 
 

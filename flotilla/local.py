@@ -80,7 +80,9 @@ class Member:
     client_port: int
     data_dir: str  # absolute
     log_file: str  # absolute
-    args: list[str]  # flags after `python -m flotilla.node`, exactly as first run
+    # Flags after `python -m flotilla.node`, as first run; once the cluster has served,
+    # `--initial-cluster-state` is `existing` (see LocalCluster.mark_bootstrapped).
+    args: list[str]
     pid: int | None = None
 
     @property
@@ -104,6 +106,9 @@ class ClusterState:
     created: str = ""
     version: int = STATE_VERSION
     notes: list[str] = field(default_factory=list)
+    # The membership planner's record (flotilla.operator.planner.Record as JSON): member
+    # uids, removed uids, catch-up clocks. Written by `flotilla scale`.
+    record: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -331,6 +336,21 @@ class LocalCluster:
         tmp.write_text(json.dumps(self.state.to_json(), indent=2) + "\n")
         os.replace(tmp, path)
 
+    def mark_bootstrapped(self) -> None:
+        """Turn every member's `--initial-cluster-state` to `existing`, as the operator turns
+        its pod template once the cluster has served. The flag only matters on an empty data
+        dir, and after bootstrap an empty data dir is a lost one: that member must wait to be
+        added back as a learner, never found a second cluster with the first configuration."""
+        changed = False
+        for m in self.members:
+            if "--initial-cluster-state" in m.args:
+                at = m.args.index("--initial-cluster-state") + 1
+                if m.args[at] != "existing":
+                    m.args[at] = "existing"
+                    changed = True
+        if changed:
+            self.save()
+
     # --- members --------------------------------------------------------------------------
 
     @property
@@ -404,12 +424,14 @@ class LocalCluster:
         member.pid = None
         self.save()
 
-    def stop(self, timeout: float = 15.0) -> dict[str, str]:
-        """SIGTERM every running member (a leader hands over first), SIGKILL whoever has not
-        exited after ``timeout`` seconds. Returns what happened to each member."""
+    def stop(self, timeout: float = 15.0, names: Iterable[str] | None = None) -> dict[str, str]:
+        """SIGTERM every running member (or those in ``names``; a leader hands over first),
+        SIGKILL whoever has not exited after ``timeout`` seconds. Returns what happened to
+        each of them."""
         report: dict[str, str] = {}
-        running = self.alive()
-        for m in self.members:
+        chosen = [self.member(n) for n in names] if names is not None else self.members
+        running = [m.name for m in chosen if self.is_alive(m.name)]
+        for m in chosen:
             if m.name not in running:
                 report[m.name] = "was not running"
                 m.pid = None
@@ -435,7 +457,7 @@ class LocalCluster:
             self._reap(name)
             self.member(name).pid = None
         self.save()
-        return {m.name: report[m.name] for m in self.members}
+        return {m.name: report[m.name] for m in chosen}
 
     def _wait_gone(self, names: Iterable[str], timeout: float) -> set[str]:
         left = set(names)
@@ -605,7 +627,9 @@ def _up(root: Path, replicas: int, *, election_timeout_ms: int, heartbeat_ms: in
         if archive is not None and archive != state.archive:
             say(f"note: resuming with the original archive {state.archive}")
         cluster.start()
-        return cluster, cluster.wait_ready(timeout, require=cluster.names)
+        leader = cluster.wait_ready(timeout, require=cluster.names)
+        cluster.mark_bootstrapped()  # a state file from before the flag was turned
+        return cluster, leader
     for attempt in range(3):
         cluster = LocalCluster.create(root, replicas, election_timeout_ms=election_timeout_ms,
                                       heartbeat_ms=heartbeat_ms, archive=archive,
@@ -613,7 +637,9 @@ def _up(root: Path, replicas: int, *, election_timeout_ms: int, heartbeat_ms: in
                                       restore_index=restore_index)
         cluster.start()
         try:
-            return cluster, cluster.wait_ready(timeout, require=cluster.names)
+            leader = cluster.wait_ready(timeout, require=cluster.names)
+            cluster.mark_bootstrapped()
+            return cluster, leader
         except _BindFailed:
             if base_port is not None or attempt == 2:
                 raise

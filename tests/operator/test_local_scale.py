@@ -1,0 +1,141 @@
+"""`flotilla scale` end to end: the planner driving real member processes.
+
+`flotilla up --replicas 3`, clients writing and reading throughout, `flotilla scale 5`, leadership
+moved onto a member that is about to leave, `flotilla scale 3`. The history must be
+linearizable with no acknowledged write lost, and every remaining member must hold exactly the
+expected voters, not joint. Then the slot of a removed member comes back: it must not rejoin on
+its old data."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+from flotilla.operator.planner import Record
+
+from flotilla import local, scaling
+from flotilla.cli import main as cli_main
+from tests.faults.support import KEYS, TracedHistory, TracedWorkload, diagnostics
+from tests.harness.kvclient import read_final_reads
+from tests.harness.linearizability import check_final_state
+from tests.harness.polling import wait_for
+
+FAST = {"election_timeout_ms": 500, "heartbeat_ms": 50}
+
+
+@pytest.fixture
+def cluster_dir(tmp_path: Path):
+    root = tmp_path / "c"
+    yield root
+    if local.LocalCluster.exists(root):
+        cluster = local.LocalCluster.load(root)
+        cluster.stop(timeout=5)
+
+
+def config_of(cluster: local.LocalCluster, name: str) -> tuple[list[str], list[str], object]:
+    config = cluster.member_status(name, timeout=2.0)["config"]
+    return sorted(config["voters"]), sorted(config["learners"]), config["joint"]
+
+
+def test_scale_3_to_5_to_3_under_load_with_the_leader_leaving(cluster_dir: Path, capsys):
+    cluster, _ = local.up(cluster_dir, 3, **FAST)
+
+    def urls() -> list[str]:  # asked again per request: follows the members as they change
+        return local.LocalCluster.load(cluster_dir).endpoints
+
+    w = TracedWorkload(urls, KEYS, clients=4, duration=180.0, seed=7, timeout=2.0,
+                       mix={"put": 0.4, "get": 0.4, "delete": 0.1, "cas": 0.1},
+                       history=TracedHistory())
+    with w:
+        wait_for(lambda: w.ok_count >= 30, 20, "the workload to get going")
+        assert cli_main(["scale", "5", "--dir", str(cluster_dir), "--timeout", "120"]) == 0
+        cluster = local.LocalCluster.load(cluster_dir)
+        five = ["n1", "n2", "n3", "n4", "n5"]
+        assert config_of(cluster, cluster.leader()) == (five, [], None)
+        grown = w.ok_count
+
+        with cluster.client(timeout=10) as c:  # the leader must be among those removed
+            c.transfer_leader("n5")
+        assert cluster.leader() == "n5"
+        wait_for(lambda: w.ok_count >= grown + 30, 20, "writes with five voters")
+        assert cli_main(["scale", "3", "--dir", str(cluster_dir), "--timeout", "120"]) == 0
+        shrunk = w.ok_count
+        wait_for(lambda: w.ok_count >= shrunk + 30, 20, "writes after the scale down")
+    out = capsys.readouterr().out
+    print(out)
+
+    cluster = local.LocalCluster.load(cluster_dir)
+    three = ["n1", "n2", "n3"]
+    assert cluster.names == three
+    for name in three:
+        assert config_of(cluster, name) == (three, [], None)
+    steps = [line.split(":")[0] for line in out.splitlines() if not line.startswith(
+        ("waiting", "  ", "voters"))]
+    assert steps[:5] == ["resize to 5", "add-learner n4", "add-learner n5",
+                         "change-voters to n1, n2, n3, n4, n5", "done"], out
+    assert steps[5].startswith("transfer-leader n"), out  # off n5, before anything else
+    assert steps[6:] == ["change-voters to n1, n2, n3", "resize to 3", "delete-volume n4",
+                         "delete-volume n5", "done"], out
+    assert not (cluster_dir / "n4").exists() and not (cluster_dir / "n5").exists()
+
+    reads = read_final_reads({n: cluster.url(n) for n in three}, KEYS)
+    result = check_final_state(w.history, {k: r.value for k, r in reads.items()}, timeout=90)
+    assert result.ok, f"{diagnostics(w)}\n{result.explain()}"
+    print(f"{w.summary()}: {result.verdict}")
+    record = Record.from_json(cluster.state.record)
+    assert len(record.removed) == 2 and sorted(record.uids) == three
+
+
+def test_a_removed_member_never_rejoins_on_its_old_data(cluster_dir: Path):
+    cluster, _ = local.up(cluster_dir, 3, **FAST)
+    with cluster.client(timeout=10) as c:
+        c.put("before", b"1")
+    scaling.scale(cluster_dir, 4, timeout=60)
+    cluster = local.LocalCluster.load(cluster_dir)
+    old_uid = cluster.member_status("n4")["member_uid"]
+    scaling.scale(cluster_dir, 3, timeout=60, keep_removed_data=True)
+    assert (cluster_dir / "n4" / "identity.json").exists()  # kept, as asked
+    cluster = local.LocalCluster.load(cluster_dir)
+    assert old_uid in Record.from_json(cluster.state.record).removed
+
+    # Slot n4 comes back: its retained data dir belongs to a removed member.
+    said: list[str] = []
+    scaling.scale(cluster_dir, 4, timeout=60, say=said.append)
+    assert any(s.startswith("reset-volume n4") for s in said), said
+    cluster = local.LocalCluster.load(cluster_dir)
+    status = cluster.member_status("n4")
+    assert status["member_uid"] != old_uid
+    assert sorted(status["config"]["voters"]) == ["n1", "n2", "n3", "n4"]
+    with cluster.client(timeout=10) as c:
+        assert c.get("before").value == b"1"
+
+
+def test_a_member_whose_volume_is_lost_is_removed_and_added_back(cluster_dir: Path):
+    cluster, _ = local.up(cluster_dir, 3, **FAST)
+    with cluster.client(timeout=10) as c:
+        for i in range(20):
+            c.put(f"k{i}", b"v")
+    scaling.scale(cluster_dir, 3, timeout=30)  # records each member's uid
+    cluster = local.LocalCluster.load(cluster_dir)
+    victim = next(n for n in cluster.names if n != cluster.leader())
+    old_uid = cluster.member_status(victim)["member_uid"]
+    cluster.kill(victim)
+    shutil.rmtree(cluster.member(victim).data_dir)
+    cluster.start([victim])  # back empty: --initial-cluster-state is `existing` by now
+    wait_for(lambda: cluster.member_status(victim) is not None, 20, f"{victim} to answer")
+
+    said: list[str] = []
+    began = time.monotonic()
+    scaling.scale(cluster_dir, 3, timeout=60, say=said.append)
+    print("\n".join(said), f"\nhealed in {time.monotonic() - began:.1f}s")
+    assert any(s.startswith(f"remove-member {victim}") for s in said), said
+    assert any(s.startswith(f"add-learner {victim}") for s in said), said
+    cluster = local.LocalCluster.load(cluster_dir)
+    status = cluster.member_status(victim)
+    assert status["member_uid"] != old_uid
+    assert sorted(status["config"]["voters"]) == sorted(cluster.names)
+    assert old_uid in Record.from_json(cluster.state.record).removed
+    with cluster.client(timeout=10) as c:
+        assert c.get("k19").value == b"v"
