@@ -3,7 +3,9 @@
 Starts a local cluster (``flotilla.local``, what ``flotilla up`` runs), writes through every
 member with the Python client (``flotilla.client``), kills the leader with SIGKILL, keeps
 writing while the others elect a new one (and says how long writes were unavailable),
-restarts the killed member and shows that it caught up; then snapshots to the archive, stops
+restarts the killed member and shows that it caught up; scales to five members and back to
+three (``flotilla scale``, the operator's planner) with the leader among those leaving; then
+snapshots to the archive, stops
 the cluster, deletes every data dir and restores a new cluster from the archive.
 Usage: python -m flotilla.demo [--dir DIR] [--base-port PORT]
 """
@@ -18,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from flotilla import local
+from flotilla import local, scaling
 from flotilla.client import Client
 
 
@@ -96,6 +98,17 @@ def main(argv: list[str] | None = None) -> int:
             f"{value.decode() if value else value}")
         keys = client.list("key").keys
         say(f"keys under 'key': {len(keys)} of 100")
+
+        say("scaling to 5 (flotilla scale 5): new members join as learners, catch up, then "
+            "become voters in one joint-consensus change")
+        scaling.scale(root, 5, say=lambda text: say(f"  {text}"))
+        say("moving leadership to n5, then scaling back to 3 (flotilla scale 3): the leader "
+            "is among the members that leave")
+        client.transfer_leader("n5")
+        scaling.scale(root, 3, say=lambda text: say(f"  {text}"))
+        cluster = local.LocalCluster.load(root)
+        voters = client.status()["config"]["voters"]
+        say(f"voters now: {', '.join(voters)}; {len(client.list('key').keys)} of 100 keys")
 
         snap = client.snapshot()
         say(f"snapshot at index {snap['index']} shipped to the archive: {snap['location']}")
