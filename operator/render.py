@@ -1,0 +1,285 @@
+"""The objects the operator owns for a RaftCluster, as plain dicts ready for the API server.
+
+Pure functions of a checked `ClusterSpec` plus what only the operator knows: who bootstrapped
+the cluster, whether it has, and how many pods the planner wants. Every node flag reaches the
+container as `FLOTILLA_*` environment (secrets through `secretKeyRef` only), so the node parses
+exactly what it would from the command line. The pod template never changes once the cluster
+has bootstrapped unless the spec does: the StatefulSet uses OnDelete, and the operator decides
+when a pod restarts on a new template.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .spec import API_VERSION, CLIENT_PORT, KIND, PEER_PORT, ClusterSpec, SecretKey
+
+MOUNT_PATH = "/var/lib/flotilla"
+DATA_DIR = f"{MOUNT_PATH}/data"  # a subdirectory: a fresh ext4 volume holds lost+found
+VOLUME = "data"
+CONTAINER = "node"
+RUN_AS = 10001  # the image's non-root user and group
+
+Manifest = dict[str, Any]
+
+
+def owner_reference(spec: ClusterSpec) -> Manifest:
+    """Makes the RaftCluster the controller of an object: deleted with it, watched through it."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": spec.name,
+        "uid": spec.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def owned_objects(
+    spec: ClusterSpec,
+    bootstrap_members: Sequence[str],
+    bootstrapped: bool,
+    statefulset_replicas: int,
+    voters: int | None = None,
+) -> list[Manifest]:
+    """All four objects, in the order to create them (the StatefulSet names the peer Service).
+
+    `voters` sizes the PodDisruptionBudget: the voters of the committed configuration,
+    spec.replicas when not given.
+    """
+    return [
+        peer_service(spec),
+        client_service(spec),
+        statefulset(spec, bootstrap_members, bootstrapped, statefulset_replicas),
+        pod_disruption_budget(spec, spec.replicas if voters is None else voters),
+    ]
+
+
+def statefulset(
+    spec: ClusterSpec,
+    bootstrap_members: Sequence[str],
+    bootstrapped: bool,
+    statefulset_replicas: int,
+) -> Manifest:
+    """Pods NAME-0..NAME-(n-1), each with its own volume; started in parallel, restarted by
+    the operator (OnDelete), never by a rolling update that could take out a quorum."""
+    if not bootstrapped:
+        strangers = set(spec.member_names(statefulset_replicas)) - set(bootstrap_members)
+        if strangers:
+            raise ValueError(
+                f"pods {', '.join(sorted(strangers))} would start with "
+                "--initial-cluster-state new but are not bootstrap members; before the "
+                "cluster has bootstrapped, run only the bootstrap members"
+            )
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": _metadata(spec, spec.name),
+        "spec": {
+            "serviceName": spec.peer_service_name,
+            "replicas": statefulset_replicas,
+            "podManagementPolicy": "Parallel",
+            "updateStrategy": {"type": "OnDelete"},
+            "selector": {"matchLabels": spec.selector_labels},
+            "template": {
+                "metadata": {"labels": spec.labels},
+                "spec": pod_spec(spec, bootstrap_members, bootstrapped),
+            },
+            "volumeClaimTemplates": [_volume_claim(spec)],
+        },
+    }
+
+
+def pod_spec(spec: ClusterSpec, bootstrap_members: Sequence[str], bootstrapped: bool) -> Manifest:
+    """The member pod: one non-root container; it needs neither the API nor service links."""
+    return {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,  # NAME_PORT-style variables would crowd the FLOTILLA_* env
+        "terminationGracePeriodSeconds": 30,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS,
+            "runAsGroup": RUN_AS,
+            "fsGroup": RUN_AS,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "affinity": _spread_over_nodes(spec),
+        "containers": [_container(spec, node_env(spec, bootstrap_members, bootstrapped))],
+    }
+
+
+def node_env(
+    spec: ClusterSpec, bootstrap_members: Sequence[str], bootstrapped: bool
+) -> list[Manifest]:
+    """The node's flags as env. FLOTILLA_NAME comes first: later values refer to it as
+    $(FLOTILLA_NAME), which the kubelet expands only from variables defined before."""
+    env = [
+        {"name": "FLOTILLA_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        _value("FLOTILLA_DATA_DIR", DATA_DIR),
+        _value("FLOTILLA_LISTEN_PEER", f"0.0.0.0:{PEER_PORT}"),
+        _value("FLOTILLA_LISTEN_CLIENT", f"0.0.0.0:{CLIENT_PORT}"),
+        _value("FLOTILLA_ADVERTISE_PEER", spec.peer_url("$(FLOTILLA_NAME)")),
+        _value("FLOTILLA_ADVERTISE_CLIENT", spec.client_url("$(FLOTILLA_NAME)")),
+        _value("FLOTILLA_INITIAL_CLUSTER", spec.initial_cluster(bootstrap_members) or None),
+        _value("FLOTILLA_INITIAL_CLUSTER_STATE", "existing" if bootstrapped else "new"),
+        _value("FLOTILLA_CLUSTER_ID", spec.cluster_id),
+        _value("FLOTILLA_ELECTION_TIMEOUT_MS", spec.timing.election_timeout_ms),
+        _value("FLOTILLA_HEARTBEAT_MS", spec.timing.heartbeat_ms),
+        _value("FLOTILLA_SNAPSHOT_POLICY", spec.snapshot_policy),
+    ]
+    if spec.archive is not None:
+        archive = spec.archive
+        env += [
+            _value("FLOTILLA_ARCHIVE", archive.url),
+            _value("FLOTILLA_S3_ENDPOINT", archive.endpoint),
+            _value("FLOTILLA_S3_REGION", archive.region),
+            _value("FLOTILLA_ARCHIVE_KEEP_SNAPSHOTS", archive.keep_snapshots),
+            _value("FLOTILLA_ARCHIVE_INTERVAL_MS", archive.interval_ms),
+            _secret("AWS_ACCESS_KEY_ID", archive.access_key_id),
+            _secret("AWS_SECRET_ACCESS_KEY", archive.secret_access_key),
+        ]
+    if spec.restore is not None:
+        env += [
+            _value("FLOTILLA_RESTORE_FROM", spec.restore.url),
+            _value("FLOTILLA_RESTORE_CLUSTER_ID", spec.restore.cluster_id),
+            _value("FLOTILLA_RESTORE_INDEX", spec.restore.index),
+        ]
+    env.append(_secret("FLOTILLA_ADMIN_TOKEN", spec.admin_token))
+    return [var for var in env if var is not None]
+
+
+def peer_service(spec: ClusterSpec) -> Manifest:
+    """Headless: gives each pod its DNS name. Not-ready pods are published, because a member
+    is only ready once it knows a leader, and there is no leader before peers find each other."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(spec, spec.peer_service_name),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": spec.selector_labels,
+            "ports": [_service_port("client", CLIENT_PORT), _service_port("peer", PEER_PORT)],
+        },
+    }
+
+
+def client_service(spec: ClusterSpec) -> Manifest:
+    """What clients use: any ready member serves, followers forward to the leader."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(spec, spec.client_service_name),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": spec.selector_labels,
+            "ports": [_service_port("client", CLIENT_PORT)],
+        },
+    }
+
+
+def pod_disruption_budget(spec: ClusterSpec, voters: int) -> Manifest:
+    """Voluntary evictions (drains) keep a quorum of the voters running."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _metadata(spec, spec.name),
+        "spec": {
+            "minAvailable": spec.quorum(voters),
+            "selector": {"matchLabels": spec.selector_labels},
+        },
+    }
+
+
+# --- parts ---------------------------------------------------------------------------------
+
+
+def _metadata(spec: ClusterSpec, name: str) -> Manifest:
+    return {
+        "name": name,
+        "namespace": spec.namespace,
+        "labels": spec.labels,
+        "ownerReferences": [owner_reference(spec)],
+    }
+
+
+def _container(spec: ClusterSpec, env: list[Manifest]) -> Manifest:
+    container: Manifest = {
+        "name": CONTAINER,
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": ["flotilla", "node"],
+        "ports": [
+            {"name": "client", "containerPort": CLIENT_PORT, "protocol": "TCP"},
+            {"name": "peer", "containerPort": PEER_PORT, "protocol": "TCP"},
+        ],
+        "env": env,
+        "volumeMounts": [{"name": VOLUME, "mountPath": MOUNT_PATH}],
+        "readinessProbe": {
+            "httpGet": {"path": "/readyz", "port": "client"},
+            "periodSeconds": 5,
+            "failureThreshold": 3,
+        },
+        "livenessProbe": {  # generous: a busy member (snapshot, catch-up) must not be killed
+            "httpGet": {"path": "/healthz", "port": "client"},
+            "periodSeconds": 10,
+            "failureThreshold": 6,
+        },
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+    resources = {
+        kind: dict(values)
+        for kind, values in (("requests", spec.resources.requests),
+                             ("limits", spec.resources.limits))
+        if values
+    }
+    if resources:
+        container["resources"] = resources
+    return container
+
+
+def _volume_claim(spec: ClusterSpec) -> Manifest:
+    """The member's data volume. Immutable on a StatefulSet, like storage.size in the CRD."""
+    claim_spec: Manifest = {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": spec.storage.size}},
+    }
+    if spec.storage.storage_class_name is not None:
+        claim_spec["storageClassName"] = spec.storage.storage_class_name
+    return {"metadata": {"name": VOLUME, "labels": spec.labels}, "spec": claim_spec}
+
+
+def _spread_over_nodes(spec: ClusterSpec) -> Manifest:
+    """Prefer one member per node, so that losing a node costs one vote (a preference: a
+    one-node test cluster still schedules every member)."""
+    return {
+        "podAntiAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [{
+                "weight": 100,
+                "podAffinityTerm": {
+                    "topologyKey": "kubernetes.io/hostname",
+                    "labelSelector": {"matchLabels": spec.selector_labels},
+                },
+            }],
+        },
+    }
+
+
+def _service_port(name: str, port: int) -> Manifest:
+    return {"name": name, "port": port, "targetPort": name, "protocol": "TCP"}
+
+
+def _value(name: str, value: object) -> Manifest | None:
+    """A plain variable, or nothing when the setting is absent (the node's default applies)."""
+    return None if value is None else {"name": name, "value": str(value)}
+
+
+def _secret(name: str, ref: SecretKey | None) -> Manifest | None:
+    if ref is None:
+        return None
+    return {"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}

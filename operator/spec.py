@@ -1,0 +1,507 @@
+"""A RaftCluster object read into frozen dataclasses, with every default applied and checked.
+
+The API server applies the CRD's defaults and validation, but the operator must not depend on
+that: objects created before a default existed, and test servers (kmock) that apply none,
+reach the handlers too. So `ClusterSpec.from_body` applies the same defaults and checks the
+same rules (OpenAPI and CEL) itself, and says in one sentence which field is wrong and what
+would be right. A spec that passes here renders into manifests the node accepts as flags.
+
+Pure and stdlib only: `flotilla scale` and the planner tests import it without kopf.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+GROUP = "flotilla.dev"
+VERSION = "v1alpha1"
+KIND = "RaftCluster"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+DEFAULT_IMAGE = "flotilla:0.1.0"
+CLIENT_PORT = 2379
+PEER_PORT = 2380
+
+MAX_REPLICAS = 99
+# StatefulSet pods carry the label controller-revision-hash = NAME-<10 characters>, and label
+# values stop at 63 characters; the peer Service NAME-peers must be a DNS-1035 label.
+MAX_NAME_LENGTH = 52
+MAX_CLUSTER_ID_LENGTH = 63
+
+_NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+_CLUSTER_ID = re.compile(r"[a-z0-9.-]+")
+_RATIO = re.compile(r"0(\.[0-9]+)?|1(\.0+)?")
+_QUANTITY = re.compile(
+    r"(?P<number>[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))"
+    r"(?P<suffix>[KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?"
+)
+_BINARY = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
+_DECIMAL = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+_ARCHIVE_EXAMPLE = "s3://bucket/prefix or file:///absolute/path"
+
+
+class SpecError(ValueError):
+    """A RaftCluster the operator will not act on; the message names the field and the fix."""
+
+
+@dataclass(frozen=True)
+class Resources:
+    """The node container's requests and limits (quantities as strings, checked)."""
+
+    requests: dict[str, str] = field(default_factory=dict)
+    limits: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Storage:
+    size: str = "1Gi"
+    storage_class_name: str | None = None  # None: the cluster's default class; "" means none
+    removed_volume_policy: str = "Delete"  # Delete | Retain: the PVC of a scaled-away member
+
+
+@dataclass(frozen=True)
+class SecretKey:
+    """One key of a Secret in the cluster's namespace; its value never leaves the Secret."""
+
+    name: str
+    key: str
+
+
+@dataclass(frozen=True)
+class Archive:
+    url: str
+    endpoint: str | None = None
+    region: str | None = None
+    access_key_id: SecretKey | None = None  # both or neither: from spec.archive.credentialsSecret
+    secret_access_key: SecretKey | None = None
+    keep_snapshots: int = 3
+    interval_ms: int = 5000
+
+
+@dataclass(frozen=True)
+class Restore:
+    """spec.bootstrap.restore: the first members start from an old cluster's archive."""
+
+    url: str
+    cluster_id: str | None = None  # which old cluster, when the archive holds several
+    index: int | None = None  # None: the newest snapshot
+
+
+@dataclass(frozen=True)
+class Timing:
+    election_timeout_ms: int = 1000
+    heartbeat_ms: int = 100
+    catch_up_timeout_seconds: int = 600  # operator only: a learner still behind is retried
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    name: str
+    namespace: str
+    uid: str  # "" when the object has none yet (test servers); the API server always sets it
+    generation: int
+    replicas: int
+    image: str
+    image_pull_policy: str
+    resources: Resources
+    storage: Storage
+    snapshot_policy: str | None  # the node's --snapshot-policy; None: the node's default
+    archive: Archive | None
+    restore: Restore | None  # None: bootstrap.new
+    timing: Timing
+    admin_token: SecretKey | None
+    final_snapshot: bool  # only acted on with an archive: there is nowhere else to ship it
+    cluster_id: str
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any], default_image: str = DEFAULT_IMAGE) -> ClusterSpec:
+        """Read a RaftCluster (metadata, spec, status); raises SpecError for the first mistake."""
+        metadata = _Fields(body.get("metadata"), "metadata")
+        name = _object_name(metadata.string("name", required="the RaftCluster's name"))
+        namespace = metadata.string("namespace") or "default"
+        uid = metadata.string("uid") or ""
+        spec = _Fields(body.get("spec"), "spec")
+        status = body.get("status")
+        recorded_id = status.get("clusterId") if isinstance(status, Mapping) else None
+        archive = _archive(spec.section("archive")) if spec.present("archive") else None
+        restore = _bootstrap(spec.section("bootstrap")) if spec.present("bootstrap") else None
+        admin_token = (_secret_key(spec.section("adminTokenSecret"), "key", "token")
+                       if spec.present("adminTokenSecret") else None)
+        return cls(
+            name=name,
+            namespace=namespace,
+            uid=uid,
+            generation=metadata.integer("generation", default=0, minimum=0),
+            replicas=spec.integer("replicas", default=3, minimum=1, maximum=MAX_REPLICAS),
+            image=spec.string("image") or default_image,
+            image_pull_policy=spec.choice(
+                "imagePullPolicy", ("Always", "IfNotPresent", "Never"), "IfNotPresent"
+            ),
+            resources=_resources(spec.section("resources")),
+            storage=_storage(spec.section("storage")),
+            snapshot_policy=_snapshot_policy(spec.section("snapshot")),
+            archive=archive,
+            restore=restore,
+            timing=_timing(spec.section("timing")),
+            admin_token=admin_token,
+            final_snapshot=spec.section("deletion").boolean("finalSnapshot", default=True),
+            cluster_id=_cluster_id(spec, recorded_id, namespace, name, uid),
+        )
+
+    # --- names every owned object and member derives from ------------------------------------
+
+    @property
+    def peer_service_name(self) -> str:
+        return f"{self.name}-peers"
+
+    @property
+    def client_service_name(self) -> str:
+        return self.name
+
+    @property
+    def selector_labels(self) -> dict[str, str]:
+        """What the StatefulSet, Services and PDB select on: never changes for a cluster."""
+        return {"app.kubernetes.io/name": "flotilla", "app.kubernetes.io/instance": self.name}
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return {
+            **self.selector_labels,
+            "app.kubernetes.io/managed-by": "flotilla-operator",
+            "app.kubernetes.io/component": "raft-member",
+        }
+
+    @property
+    def selector(self) -> str:
+        """The label selector string for status.selector (the scale subresource's)."""
+        return ",".join(f"{key}={value}" for key, value in self.selector_labels.items())
+
+    def member_names(self, n: int) -> list[str]:
+        """The StatefulSet's first n pods, which are the members' names."""
+        return [f"{self.name}-{ordinal}" for ordinal in range(n)]
+
+    def member_host(self, member: str) -> str:
+        """The member's stable DNS name through the headless peer Service."""
+        return f"{member}.{self.peer_service_name}.{self.namespace}.svc"
+
+    def peer_url(self, member: str) -> str:
+        return f"http://{self.member_host(member)}:{PEER_PORT}"
+
+    def client_url(self, member: str) -> str:
+        return f"http://{self.member_host(member)}:{CLIENT_PORT}"
+
+    def initial_cluster(self, members: Sequence[str]) -> str:
+        """The node's --initial-cluster for these members: N1=URL,N2=URL."""
+        return ",".join(f"{member}={self.peer_url(member)}" for member in members)
+
+    @staticmethod
+    def quorum(n: int) -> int:
+        """A majority of n voters: what must stay up (the PDB's minAvailable)."""
+        return n // 2 + 1
+
+
+# --- sections ----------------------------------------------------------------------------------
+
+
+def _object_name(name: str) -> str:
+    if len(name) > MAX_NAME_LENGTH or not _NAME.fullmatch(name):
+        raise SpecError(
+            f"metadata.name {name!r} cannot name a Raft cluster: use at most "
+            f"{MAX_NAME_LENGTH} characters of a-z, 0-9 and '-', starting with a letter "
+            "(it names the StatefulSet, its pods and the NAME-peers Service)"
+        )
+    return name
+
+
+def _resources(fields: _Fields) -> Resources:
+    requests = fields.quantities("requests")
+    limits = fields.quantities("limits")
+    for resource, request in requests.items():
+        limit = limits.get(resource)
+        if limit is not None and parse_quantity(request) > parse_quantity(limit):
+            raise SpecError(
+                f"spec.resources.requests.{resource} ({request}) must not exceed "
+                f"spec.resources.limits.{resource} ({limit})"
+            )
+    return Resources(requests, limits)
+
+
+def _storage(fields: _Fields) -> Storage:
+    size = fields.quantity("size", default="1Gi")
+    if parse_quantity(size) <= 0:
+        raise SpecError(f"{fields.where('size')} ({size}) must be more than 0, e.g. 1Gi")
+    return Storage(
+        size=size,
+        storage_class_name=fields.string("storageClassName"),
+        removed_volume_policy=fields.choice("removedVolumePolicy", ("Delete", "Retain"), "Delete"),
+    )
+
+
+def _snapshot_policy(fields: _Fields) -> str | None:
+    """The node's policy syntax, rules in a fixed order; None leaves the node's default."""
+    rules: list[str] = []
+    ratio = fields.string("ratio")
+    if ratio is not None:
+        if not _RATIO.fullmatch(ratio) or Decimal(ratio) == 0:
+            raise SpecError(
+                f"{fields.where('ratio')} must be a decimal more than 0 and at most 1, "
+                f'written as a string such as "0.1", not {ratio!r}'
+            )
+        rules.append(f"ratio={ratio}")
+    if fields.present("logBytes"):
+        text = fields.quantity("logBytes", default="0")
+        size = parse_quantity(text)
+        if size <= 0 or size != size.to_integral_value() or size >= 2**63:
+            raise SpecError(
+                f"{fields.where('logBytes')} ({text}) must be a whole number of bytes more "
+                "than 0, such as 64Mi"
+            )
+        rules.append(f"log-bytes={_node_size(int(size))}")
+    entries = fields.optional_integer("entries", minimum=1)
+    if entries is not None:
+        rules.append(f"entries={entries}")
+    return ",".join(rules) or None
+
+
+def _archive(fields: _Fields) -> Archive:
+    url = _archive_url(fields, "url")
+    endpoint = fields.string("endpoint") or None
+    if endpoint is not None and not re.fullmatch(r"https?://[^/@\s]+(/\S*)?", endpoint):
+        raise SpecError(
+            f"{fields.where('endpoint')} must be an http:// or https:// URL without "
+            f"credentials, such as http://minio.minio:9000, not {endpoint!r}"
+        )
+    access_key_id = secret_access_key = None
+    if fields.present("credentialsSecret"):
+        credentials = fields.section("credentialsSecret")
+        access_key_id = _secret_key(credentials, "accessKeyIdKey", "AWS_ACCESS_KEY_ID")
+        secret_access_key = _secret_key(credentials, "secretAccessKeyKey",
+                                        "AWS_SECRET_ACCESS_KEY")
+    return Archive(
+        url=url,
+        endpoint=endpoint,
+        region=fields.string("region") or None,
+        access_key_id=access_key_id,
+        secret_access_key=secret_access_key,
+        keep_snapshots=fields.integer("keepSnapshots", default=3, minimum=1),
+        interval_ms=fields.integer("intervalMs", default=5000, minimum=100),
+    )
+
+
+def _bootstrap(fields: _Fields) -> Restore | None:
+    """Exactly one of new/restore (an absent bootstrap is new); None means new."""
+    has_new, has_restore = fields.present("new"), fields.present("restore")
+    if has_new == has_restore:
+        which = "both" if has_new else "neither"
+        raise SpecError(
+            f"spec.bootstrap must set exactly one of new or restore (it sets {which}): "
+            "new: {} starts an empty cluster, restore: {url: ...} starts from an archive"
+        )
+    if has_new:
+        fields.section("new")  # must be an object
+        return None
+    restore = fields.section("restore")
+    return Restore(
+        url=_archive_url(restore, "url", meaning="the archive URL the old cluster used"),
+        cluster_id=restore.string("clusterId") or None,
+        index=restore.optional_integer("index", minimum=0),
+    )
+
+
+def _timing(fields: _Fields) -> Timing:
+    timing = Timing(
+        election_timeout_ms=fields.integer("electionTimeoutMs", default=1000, minimum=10,
+                                           maximum=600_000),
+        heartbeat_ms=fields.integer("heartbeatMs", default=100, minimum=1, maximum=60_000),
+        catch_up_timeout_seconds=fields.integer("catchUpTimeoutSeconds", default=600,
+                                                minimum=10),
+    )
+    if timing.election_timeout_ms < 2 * timing.heartbeat_ms:
+        raise SpecError(
+            f"spec.timing.electionTimeoutMs ({timing.election_timeout_ms}) must be at least "
+            f"twice spec.timing.heartbeatMs ({timing.heartbeat_ms}); 10x is usual"
+        )
+    return timing
+
+
+def _secret_key(fields: _Fields, key_field: str, default_key: str) -> SecretKey:
+    name = fields.string("name", required="the Secret's name")
+    key = fields.string(key_field) or default_key
+    return SecretKey(name, key)
+
+
+def _cluster_id(spec: _Fields, recorded: object, namespace: str, name: str, uid: str) -> str:
+    """spec.clusterId, else the one recorded in status, else one derived from the object."""
+    chosen = spec.string("clusterId")
+    if chosen is not None and (len(chosen) > MAX_CLUSTER_ID_LENGTH
+                               or not _CLUSTER_ID.fullmatch(chosen)):
+        raise SpecError(
+            f"spec.clusterId must be 1-{MAX_CLUSTER_ID_LENGTH} characters of a-z, 0-9, '-' "
+            f"and '.', not {chosen!r}"
+        )
+    if isinstance(recorded, str) and recorded:
+        if chosen is not None and chosen != recorded:
+            raise SpecError(
+                f"spec.clusterId ({chosen}) differs from this cluster's id {recorded} "
+                "(status.clusterId): a cluster's id cannot change; set it back or remove it"
+            )
+        return recorded
+    return chosen if chosen is not None else default_cluster_id(namespace, name, uid)
+
+
+def default_cluster_id(namespace: str, name: str, uid: str) -> str:
+    """"<namespace>-<name>-<first 8 of uid>", cut to 63 characters of [a-z0-9.-]."""
+    suffix = re.sub(r"[^a-z0-9]", "", uid.lower())[:8]
+    room = MAX_CLUSTER_ID_LENGTH - (len(suffix) + 1 if suffix else 0)
+    prefix = re.sub(r"[^a-z0-9.-]+", "-", f"{namespace}-{name}".lower())[:room].strip("-.")
+    return f"{prefix}-{suffix}" if suffix else prefix
+
+
+def _archive_url(fields: _Fields, key: str, meaning: str = "where the archive lives") -> str:
+    """The checks the node makes on --archive and --restore-from, so a pod never exits 2."""
+    where = fields.where(key)
+    url = fields.string(key, required=f"{meaning} ({_ARCHIVE_EXAMPLE})")
+    scheme, _, rest = url.partition("://")
+    host = rest.split("/", 1)[0]
+    if "@" in host:  # never echo the URL: the part before '@' may be a secret
+        raise SpecError(f"{where} must not carry credentials; they come from "
+                        "spec.archive.credentialsSecret")
+    if scheme not in ("s3", "file"):
+        hint = (": an S3-compatible endpoint goes in spec.archive.endpoint"
+                if scheme in ("http", "https") else "")
+        raise SpecError(f"{where} must start with s3:// or file:// (such as "
+                        f"{_ARCHIVE_EXAMPLE}), not {url!r}{hint}")
+    if "?" in url or "#" in url:
+        raise SpecError(f"{where} must not have a query (?...) or fragment (#...), not {url!r}")
+    if scheme == "s3" and not host:
+        raise SpecError(f"{where} names no bucket: use s3://bucket/prefix, not {url!r}")
+    if scheme == "file" and (host not in ("", "localhost") or "/" not in rest):
+        raise SpecError(f"{where} must be an absolute file URL such as file:///absolute/path, "
+                        f"not {url!r}")
+    return url
+
+
+# --- quantities ------------------------------------------------------------------------------
+
+
+def parse_quantity(text: str) -> Decimal:
+    """The value of a Kubernetes quantity (64Mi, 1.5G, 500m, 1e3); ValueError otherwise."""
+    match = _QUANTITY.fullmatch(text)
+    if not match:
+        raise ValueError(f"{text!r} is not a quantity")
+    number, suffix = Decimal(match["number"]), match["suffix"] or ""
+    if suffix in _BINARY:
+        return number * (1024 ** _BINARY[suffix])
+    try:
+        exponent = _DECIMAL[suffix] if suffix in _DECIMAL else int(suffix[1:])
+        return number.scaleb(exponent)
+    except ArithmeticError:  # decimal's Overflow and InvalidOperation among them
+        raise ValueError(f"{text!r} is out of range") from None
+
+
+def _node_size(size: int) -> str:
+    """Bytes in the node's size syntax (powers of 1024 named KiB, MiB, GiB)."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size % scale == 0:
+            return f"{size // scale}{unit}"
+    return f"{size}B"
+
+
+# --- reading fields ----------------------------------------------------------------------------
+
+
+class _Fields:
+    """One object of the body, read field by field; every error names the field's full path.
+
+    A field set to null counts as absent, as it does for the API server.
+    """
+
+    def __init__(self, values: object, path: str) -> None:
+        if values is None:
+            values = {}
+        if not isinstance(values, Mapping):
+            raise SpecError(f"{path} must be an object, not {values!r}")
+        self.values: Mapping[str, Any] = values
+        self.path = path
+
+    def where(self, key: str) -> str:
+        return f"{self.path}.{key}"
+
+    def present(self, key: str) -> bool:
+        return self.values.get(key) is not None
+
+    def section(self, key: str) -> _Fields:
+        return _Fields(self.values.get(key), self.where(key))
+
+    def string(self, key: str, required: str | None = None) -> str | None:
+        value = self.values.get(key)
+        if value is None or (value == "" and required):
+            if required:
+                raise SpecError(f"{self.where(key)} is required: {required}")
+            return None
+        if not isinstance(value, str):
+            raise SpecError(f'{self.where(key)} must be a string (quote it: "{value}")')
+        return value
+
+    def choice(self, key: str, choices: Sequence[str], default: str) -> str:
+        value = self.values.get(key)
+        if value is None:
+            return default
+        if value not in choices:
+            raise SpecError(f"{self.where(key)} must be {' or '.join(choices)}, not {value!r}")
+        return value
+
+    def integer(self, key: str, default: int, minimum: int, maximum: int | None = None) -> int:
+        value = self.optional_integer(key, minimum, maximum)
+        return default if value is None else value
+
+    def optional_integer(self, key: str, minimum: int, maximum: int | None = None) -> int | None:
+        value = self.values.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise SpecError(f"{self.where(key)} must be a whole number, not {value!r}")
+        if value < minimum:
+            raise SpecError(f"{self.where(key)} ({value}) must be at least {minimum}")
+        if maximum is not None and value > maximum:
+            raise SpecError(f"{self.where(key)} ({value}) must be at most {maximum}")
+        return value
+
+    def boolean(self, key: str, default: bool) -> bool:
+        value = self.values.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise SpecError(f"{self.where(key)} must be true or false, not {value!r}")
+        return value
+
+    def quantity(self, key: str, default: str) -> str:
+        """A quantity (int or string) as a string, checked; negative ones are refused."""
+        return self._quantity(self.values.get(key), self.where(key), default)
+
+    def quantities(self, key: str) -> dict[str, str]:
+        """A map of resource name to quantity, such as resources.requests."""
+        section = self.section(key)
+        return {
+            str(name): self._quantity(value, section.where(str(name)), "0")
+            for name, value in section.values.items()
+            if value is not None
+        }
+
+    @staticmethod
+    def _quantity(value: object, where: str, default: str) -> str:
+        if value is None:
+            return default
+        text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+        try:
+            if not isinstance(text, str) or parse_quantity(text) < 0:
+                raise ValueError(text)
+        except ValueError:
+            raise SpecError(
+                f"{where} must be a quantity such as 1Gi, 500Mi or 250m, not {value!r}"
+            ) from None
+        return text

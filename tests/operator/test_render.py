@@ -1,0 +1,312 @@
+"""The owned objects: valid Kubernetes manifests (checked against the API schemas), and a pod
+environment that the node's own flag parser turns into the intended configuration."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import kubernetes_validate
+import pytest
+from flotilla.node.config import NodeConfig, parse
+from flotilla.node.snapshot_policy import SnapshotPolicy
+from flotilla.operator import render
+from flotilla.operator.spec import ClusterSpec
+
+from tests.operator.test_spec import FULL_SPEC, UID, body
+
+K8S_VERSION = "1.30"
+
+BASIC = ClusterSpec.from_body(body())
+FULL = ClusterSpec.from_body(body({**FULL_SPEC, "bootstrap": {"new": {}}}))
+RESTORE = ClusterSpec.from_body(body({
+    "replicas": 3,
+    "archive": {"url": "file:///mnt/archive"},
+    "bootstrap": {"restore": {"url": "s3://old-backups/team", "clusterId": "prod-demo-1234abcd",
+                              "index": 900}},
+}))
+SPECS = {"basic": BASIC, "full": FULL, "restore": RESTORE}
+
+# What the kubelet would find in the Secrets the spec names.
+SECRETS = {("s3-creds", "id"): "AKIA-test", ("s3-creds", "AWS_SECRET_ACCESS_KEY"): "s3-secret",
+           ("admin", "token"): "admin-secret"}
+
+
+def objects(spec: ClusterSpec, bootstrapped: bool = False) -> list[dict[str, Any]]:
+    members = spec.member_names(spec.replicas)
+    return render.owned_objects(spec, members, bootstrapped, spec.replicas)
+
+
+def pod_env(statefulset: dict[str, Any], pod: str) -> dict[str, str]:
+    """The node container's environment as the kubelet resolves it for pod `pod`: variables in
+    order, $(VAR) expanded from those defined before it, $$ an escaped $."""
+    env: dict[str, str] = {}
+    pod_spec = statefulset["spec"]["template"]["spec"]
+    (container,) = [c for c in pod_spec["containers"] if c["name"] == "node"]
+    for var in container["env"]:
+        if "value" in var:
+            env[var["name"]] = re.sub(
+                r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
+                lambda m: "$" if m[0] == "$$" else env.get(m[1], m[0]),
+                var["value"],
+            )
+        elif "fieldRef" in var["valueFrom"]:
+            field = var["valueFrom"]["fieldRef"]["fieldPath"]
+            env[var["name"]] = {"metadata.name": pod,
+                                "metadata.namespace": statefulset["metadata"]["namespace"]}[field]
+        else:
+            ref = var["valueFrom"]["secretKeyRef"]
+            env[var["name"]] = SECRETS[(ref["name"], ref["key"])]
+    return env
+
+
+def node_config(spec: ClusterSpec, pod: str, bootstrapped: bool = False) -> NodeConfig:
+    statefulset = render.statefulset(spec, spec.member_names(spec.replicas), bootstrapped,
+                                     spec.replicas)
+    return parse([], pod_env(statefulset, pod))
+
+
+def by_kind(objs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    (found,) = [o for o in objs if o["kind"] == kind and name in (None, o["metadata"]["name"])]
+    return found
+
+
+# -- valid Kubernetes objects -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bootstrapped", [False, True])
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_every_object_passes_the_kubernetes_schema_strictly(name, bootstrapped):
+    for obj in objects(SPECS[name], bootstrapped):
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
+@pytest.mark.parametrize(("replicas", "min_available"), [(1, 1), (3, 2), (5, 3)])
+def test_replicas_and_the_disruption_budget_keep_a_quorum(replicas, min_available):
+    spec = ClusterSpec.from_body(body({"replicas": replicas}))
+    objs = objects(spec)
+    for obj in objs:
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+    assert by_kind(objs, "StatefulSet")["spec"]["replicas"] == replicas
+    assert by_kind(objs, "PodDisruptionBudget")["spec"]["minAvailable"] == min_available
+
+
+def test_the_budget_follows_the_committed_voters_not_the_spec():
+    objs = render.owned_objects(BASIC, BASIC.member_names(3), True, 5, voters=5)
+    assert by_kind(objs, "PodDisruptionBudget")["spec"]["minAvailable"] == 3
+    assert by_kind(objs, "StatefulSet")["spec"]["replicas"] == 5
+
+
+def test_the_four_objects_and_their_names():
+    assert [(o["kind"], o["metadata"]["name"]) for o in objects(BASIC)] == [
+        ("Service", "demo-peers"), ("Service", "demo"), ("StatefulSet", "demo"),
+        ("PodDisruptionBudget", "demo"),
+    ]
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_every_object_is_owned_by_the_raftcluster_and_labelled(name):
+    spec = SPECS[name]
+    for obj in objects(spec):
+        metadata = obj["metadata"]
+        assert metadata["namespace"] == "prod"
+        assert metadata["labels"] == spec.labels
+        assert metadata["ownerReferences"] == [{
+            "apiVersion": "flotilla.dev/v1alpha1", "kind": "RaftCluster", "name": "demo",
+            "uid": UID, "controller": True, "blockOwnerDeletion": True,
+        }]
+        assert all(len(value) <= 63 for value in metadata["labels"].values())
+
+
+def test_selectors_pick_exactly_the_member_pods():
+    objs = objects(FULL)
+    sts = by_kind(objs, "StatefulSet")
+    template_labels = sts["spec"]["template"]["metadata"]["labels"]
+    selectors = [
+        sts["spec"]["selector"]["matchLabels"],
+        by_kind(objs, "Service", "demo-peers")["spec"]["selector"],
+        by_kind(objs, "Service", "demo")["spec"]["selector"],
+        by_kind(objs, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"],
+    ]
+    for selector in selectors:
+        assert selector == FULL.selector_labels
+        assert selector.items() <= template_labels.items()
+    assert FULL.selector == ",".join(f"{k}={v}" for k, v in selectors[0].items())
+
+
+def test_the_peer_service_is_headless_and_publishes_members_before_they_are_ready():
+    peers = render.peer_service(BASIC)
+    assert peers["spec"]["clusterIP"] == "None"
+    assert peers["spec"]["publishNotReadyAddresses"] is True
+    assert {(p["name"], p["port"]) for p in peers["spec"]["ports"]} == {("client", 2379),
+                                                                       ("peer", 2380)}
+    assert render.statefulset(BASIC, [], True, 0)["spec"]["serviceName"] == "demo-peers"
+
+
+def test_the_client_service_serves_the_client_port_only():
+    service = render.client_service(BASIC)
+    assert service["spec"]["type"] == "ClusterIP"
+    assert [(p["name"], p["port"]) for p in service["spec"]["ports"]] == [("client", 2379)]
+
+
+def test_the_statefulset_leaves_restarts_to_the_operator():
+    sts = render.statefulset(BASIC, BASIC.member_names(3), False, 3)["spec"]
+    assert sts["updateStrategy"] == {"type": "OnDelete"}
+    assert sts["podManagementPolicy"] == "Parallel"
+
+
+def test_the_data_dir_is_a_subdirectory_of_the_volume():
+    sts = render.statefulset(FULL, FULL.member_names(5), False, 5)["spec"]
+    (container,) = sts["template"]["spec"]["containers"]
+    (mount,) = container["volumeMounts"]
+    (claim,) = sts["volumeClaimTemplates"]
+    assert mount["name"] == claim["metadata"]["name"] == "data"
+    data_dir = node_config(FULL, "demo-0").data_dir
+    assert data_dir.startswith(mount["mountPath"].rstrip("/") + "/")
+    assert data_dir != mount["mountPath"]
+
+
+def test_the_volume_claim_follows_spec_storage():
+    (claim,) = render.statefulset(FULL, FULL.member_names(5), False, 5)["spec"][
+        "volumeClaimTemplates"]
+    assert claim["spec"] == {"accessModes": ["ReadWriteOnce"],
+                             "resources": {"requests": {"storage": "10Gi"}},
+                             "storageClassName": "fast"}
+    (basic,) = render.statefulset(BASIC, [], True, 0)["spec"]["volumeClaimTemplates"]
+    assert "storageClassName" not in basic["spec"]
+
+
+def test_the_container_runs_the_node_unprivileged_with_the_specs_image_and_resources():
+    pod = render.statefulset(FULL, FULL.member_names(5), False, 5)["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["command"] == ["flotilla", "node"]
+    assert (container["image"], container["imagePullPolicy"]) == (
+        "registry.example/flotilla:1.2.3", "Always")
+    assert container["resources"] == {"requests": {"cpu": "250m", "memory": "256Mi"},
+                                      "limits": {"cpu": "2", "memory": "1Gi"}}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "client"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "client"}
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert "resources" not in render.statefulset(BASIC, [], True, 0)["spec"]["template"][
+        "spec"]["containers"][0]
+
+
+def test_secrets_are_referenced_never_inlined():
+    env = render.node_env(FULL, FULL.member_names(5), False)
+    secret_vars = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "FLOTILLA_ADMIN_TOKEN"}
+    refs = {var["name"]: var["valueFrom"]["secretKeyRef"] for var in env
+            if var["name"] in secret_vars}
+    assert refs == {
+        "AWS_ACCESS_KEY_ID": {"name": "s3-creds", "key": "id"},
+        "AWS_SECRET_ACCESS_KEY": {"name": "s3-creds", "key": "AWS_SECRET_ACCESS_KEY"},
+        "FLOTILLA_ADMIN_TOKEN": {"name": "admin", "key": "token"},
+    }
+    assert all("value" not in var for var in env if var["name"] in secret_vars)
+    assert not secret_vars & {var["name"] for var in render.node_env(BASIC, ["demo-0"], False)}
+
+
+def test_env_names_are_unique_and_only_flags_or_aws_credentials():
+    flags = {"FLOTILLA_" + flag.upper() for flag in NodeConfig.__dataclass_fields__}
+    for spec in SPECS.values():
+        names = [var["name"] for var in render.node_env(spec, spec.member_names(3), False)]
+        assert len(names) == len(set(names))
+        assert set(names) <= flags | {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
+
+
+def test_pods_beyond_the_bootstrap_members_cannot_start_new():
+    with pytest.raises(ValueError, match="demo-3, demo-4 would start with"):
+        render.statefulset(BASIC, BASIC.member_names(3), False, 5)
+    # once bootstrapped, new pods start `existing` and wait to be added as learners
+    render.statefulset(BASIC, BASIC.member_names(3), True, 5)
+
+
+# -- the node accepts exactly what the operator renders ----------------------------------------
+
+
+@pytest.mark.parametrize("pod", ["demo-0", "demo-2"])
+def test_the_node_reads_the_basic_pod_env(pod):
+    cfg = node_config(BASIC, pod)
+    members = BASIC.member_names(3)
+    assert cfg.name == pod
+    assert cfg.data_dir == "/var/lib/flotilla/data"
+    assert cfg.listen_peer == ("0.0.0.0", 2380)
+    assert cfg.listen_client == ("0.0.0.0", 2379)
+    assert cfg.advertise_peer == f"http://{pod}.demo-peers.prod.svc:2380" == BASIC.peer_url(pod)
+    assert cfg.advertise_client == BASIC.client_url(pod)
+    assert cfg.initial_cluster == {m: BASIC.peer_url(m) for m in members}
+    assert cfg.initial_cluster_state == "new"
+    assert cfg.cluster_id == "prod-demo-6f1c2a9e"
+    assert (cfg.election_timeout_ms, cfg.heartbeat_ms) == (1000, 100)
+    assert cfg.snapshot_policy == SnapshotPolicy.default()
+    assert (cfg.archive, cfg.s3_endpoint, cfg.s3_region) == (None, None, None)
+    assert (cfg.restore_from, cfg.restore_cluster_id, cfg.restore_index) == (None, None, None)
+    assert cfg.admin_token is None
+    assert cfg.fsync is True
+
+
+def test_after_bootstrap_pods_start_existing():
+    assert node_config(BASIC, "demo-1", bootstrapped=True).initial_cluster_state == "existing"
+    late = render.statefulset(BASIC, BASIC.member_names(3), True, 5)
+    cfg = parse([], pod_env(late, "demo-4"))
+    assert (cfg.name, cfg.initial_cluster_state) == ("demo-4", "existing")
+    assert cfg.initial_cluster == {m: BASIC.peer_url(m) for m in BASIC.member_names(3)}
+
+
+def test_the_node_reads_the_full_pod_env():
+    cfg = node_config(FULL, "demo-4")
+    assert cfg.name == "demo-4"
+    assert cfg.advertise_peer == FULL.peer_url("demo-4")
+    assert list(cfg.initial_cluster) == FULL.member_names(5)
+    assert cfg.cluster_id == "payments.eu-1"
+    assert (cfg.election_timeout_ms, cfg.heartbeat_ms) == (2000, 200)
+    assert cfg.snapshot_policy == SnapshotPolicy.parse("ratio=0.25,log-bytes=64MiB,entries=10000")
+    assert cfg.archive == "s3://backups/flotilla"
+    assert (cfg.s3_endpoint, cfg.s3_region) == ("http://minio.minio:9000", "eu-west-1")
+    assert (cfg.archive_keep_snapshots, cfg.archive_interval_ms) == (5, 1000)
+    assert cfg.admin_token == "admin-secret"
+    assert cfg.restore_from is None
+
+
+def test_the_aws_credentials_reach_the_environment_boto3_reads():
+    statefulset = render.statefulset(FULL, FULL.member_names(5), False, 5)
+    env = pod_env(statefulset, "demo-0")
+    assert (env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"]) == ("AKIA-test", "s3-secret")
+
+
+@pytest.mark.parametrize("bootstrapped", [False, True])
+def test_every_member_of_a_restore_starts_with_the_same_restore_flags(bootstrapped):
+    configs = [node_config(RESTORE, pod, bootstrapped) for pod in RESTORE.member_names(3)]
+    for cfg in configs:
+        assert cfg.restore_from == "s3://old-backups/team"
+        assert cfg.restore_cluster_id == "prod-demo-1234abcd"
+        assert cfg.restore_index == 900
+        assert cfg.cluster_id == "prod-demo-6f1c2a9e"  # the new cluster's own id
+        assert cfg.archive == "file:///mnt/archive"
+        assert cfg.initial_cluster == configs[0].initial_cluster
+    assert {cfg.name for cfg in configs} == set(RESTORE.member_names(3))
+
+
+def test_a_restore_from_index_zero_is_passed_on():
+    spec = ClusterSpec.from_body(body({"bootstrap": {"restore": {"url": "s3://b", "index": 0}}}))
+    assert node_config(spec, "demo-0").restore_index == 0
+
+
+@pytest.mark.parametrize(
+    "snapshot",
+    [{"ratio": "1"}, {"logBytes": "1.5Gi"}, {"logBytes": 12345}, {"entries": 1},
+     {"ratio": "0.05", "entries": 500}],
+)
+def test_the_node_takes_every_snapshot_policy_the_operator_writes(snapshot):
+    spec = ClusterSpec.from_body(body({"snapshot": snapshot}))
+    cfg = node_config(spec, "demo-0")
+    assert cfg.snapshot_policy == SnapshotPolicy.parse(spec.snapshot_policy)
+    assert cfg.snapshot_policy != SnapshotPolicy.default()
+
+
+@pytest.mark.parametrize("timing", [{"electionTimeoutMs": 10, "heartbeatMs": 5},
+                                    {"electionTimeoutMs": 200, "heartbeatMs": 100}])
+def test_the_node_takes_every_timing_the_spec_allows(timing):
+    cfg = node_config(ClusterSpec.from_body(body({"timing": timing})), "demo-0")
+    assert (cfg.election_timeout_ms, cfg.heartbeat_ms) == (timing["electionTimeoutMs"],
+                                                           timing["heartbeatMs"])

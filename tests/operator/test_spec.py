@@ -1,0 +1,452 @@
+"""Reading a RaftCluster: the CRD's defaults applied by the operator itself, every rule of the
+CRD (OpenAPI and CEL) checked with one message naming the field, and a snapshot policy the
+node's own parser reads back."""
+
+from __future__ import annotations
+
+import copy
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from flotilla.node.archive.urls import parse_archive_url
+from flotilla.node.snapshot_policy import (
+    DEFAULT_FLOOR,
+    EntriesRule,
+    LogBytesRule,
+    RatioRule,
+    SnapshotPolicy,
+)
+from flotilla.operator.spec import (
+    Archive,
+    ClusterSpec,
+    Resources,
+    Restore,
+    SecretKey,
+    SpecError,
+    Storage,
+    Timing,
+    default_cluster_id,
+    parse_quantity,
+)
+
+UID = "6f1c2a9e-1b2c-4d5e-8f90-0123456789ab"
+MiB = 1 << 20
+
+
+def body(spec: dict[str, Any] | None = None, status: dict[str, Any] | None = None,
+         **metadata: Any) -> dict[str, Any]:
+    """A RaftCluster as the API server (or kmock, without defaults) hands it over."""
+    meta = {"name": "demo", "namespace": "prod", "uid": UID, "generation": 4, **metadata}
+    obj: dict[str, Any] = {"apiVersion": "flotilla.dev/v1alpha1", "kind": "RaftCluster",
+                           "metadata": meta, "spec": spec if spec is not None else {}}
+    if status is not None:
+        obj["status"] = status
+    return obj
+
+
+FULL_SPEC: dict[str, Any] = {
+    "replicas": 5,
+    "image": "registry.example/flotilla:1.2.3",
+    "imagePullPolicy": "Always",
+    "clusterId": "payments.eu-1",
+    "resources": {"requests": {"cpu": "250m", "memory": "256Mi"},
+                  "limits": {"cpu": 2, "memory": "1Gi"}},
+    "storage": {"size": "10Gi", "storageClassName": "fast", "removedVolumePolicy": "Retain"},
+    "snapshot": {"ratio": "0.25", "logBytes": "64Mi", "entries": 10000},
+    "archive": {
+        "url": "s3://backups/flotilla",
+        "endpoint": "http://minio.minio:9000",
+        "region": "eu-west-1",
+        "credentialsSecret": {"name": "s3-creds", "accessKeyIdKey": "id"},
+        "keepSnapshots": 5,
+        "intervalMs": 1000,
+    },
+    "bootstrap": {"restore": {"url": "s3://backups/flotilla", "clusterId": "old", "index": 42}},
+    "timing": {"electionTimeoutMs": 2000, "heartbeatMs": 200, "catchUpTimeoutSeconds": 60},
+    "adminTokenSecret": {"name": "admin"},
+    "deletion": {"finalSnapshot": False},
+}
+
+
+DELETE = object()
+
+
+def with_field(path: str, value: Any) -> dict[str, Any]:
+    """FULL_SPEC with one field (a dotted path) replaced, or removed when value is DELETE."""
+    spec = copy.deepcopy(FULL_SPEC)
+    *parents, last = path.split(".")
+    target = spec
+    for key in parents:
+        target = target.setdefault(key, {})
+    if value is DELETE:
+        target.pop(last, None)
+    else:
+        target[last] = value
+    return spec
+
+
+# -- defaults ------------------------------------------------------------------------------------
+
+
+def test_a_minimal_object_gets_every_default_of_the_crd():
+    spec = ClusterSpec.from_body(body(), default_image="flotilla:test")
+    assert spec == ClusterSpec(
+        name="demo",
+        namespace="prod",
+        uid=UID,
+        generation=4,
+        replicas=3,
+        image="flotilla:test",
+        image_pull_policy="IfNotPresent",
+        resources=Resources({}, {}),
+        storage=Storage(size="1Gi", storage_class_name=None, removed_volume_policy="Delete"),
+        snapshot_policy=None,
+        archive=None,
+        restore=None,
+        timing=Timing(election_timeout_ms=1000, heartbeat_ms=100, catch_up_timeout_seconds=600),
+        admin_token=None,
+        final_snapshot=True,
+        cluster_id="prod-demo-6f1c2a9e",
+    )
+
+
+def test_an_object_without_a_spec_is_a_default_cluster():
+    obj = body()
+    del obj["spec"]
+    assert ClusterSpec.from_body(obj).replicas == 3
+
+
+def test_every_field_is_read():
+    spec = ClusterSpec.from_body(body(FULL_SPEC))
+    assert spec.replicas == 5
+    assert spec.image == "registry.example/flotilla:1.2.3"
+    assert spec.image_pull_policy == "Always"
+    assert spec.cluster_id == "payments.eu-1"
+    assert spec.resources == Resources({"cpu": "250m", "memory": "256Mi"},
+                                       {"cpu": "2", "memory": "1Gi"})
+    assert spec.storage == Storage("10Gi", "fast", "Retain")
+    assert spec.snapshot_policy == "ratio=0.25,log-bytes=64MiB,entries=10000"
+    assert spec.archive == Archive(
+        url="s3://backups/flotilla",
+        endpoint="http://minio.minio:9000",
+        region="eu-west-1",
+        access_key_id=SecretKey("s3-creds", "id"),
+        secret_access_key=SecretKey("s3-creds", "AWS_SECRET_ACCESS_KEY"),
+        keep_snapshots=5,
+        interval_ms=1000,
+    )
+    assert spec.restore == Restore("s3://backups/flotilla", "old", 42)
+    assert spec.timing == Timing(2000, 200, 60)
+    assert spec.admin_token == SecretKey("admin", "token")
+    assert spec.final_snapshot is False
+
+
+@pytest.mark.parametrize(
+    ("section", "expected"),
+    [
+        ({"archive": {"url": "file:///mnt/archive"}},
+         Archive("file:///mnt/archive", keep_snapshots=3, interval_ms=5000)),
+        ({"archive": {"url": "s3://b", "credentialsSecret": {"name": "c"}}},
+         Archive("s3://b", access_key_id=SecretKey("c", "AWS_ACCESS_KEY_ID"),
+                 secret_access_key=SecretKey("c", "AWS_SECRET_ACCESS_KEY"))),
+    ],
+)
+def test_archive_defaults(section, expected):
+    assert ClusterSpec.from_body(body(section)).archive == expected
+
+
+@pytest.mark.parametrize(
+    "bootstrap",
+    [None, {"new": {}}],
+    ids=["absent", "new"],
+)
+def test_bootstrap_new(bootstrap):
+    spec = {} if bootstrap is None else {"bootstrap": bootstrap}
+    assert ClusterSpec.from_body(body(spec)).restore is None
+
+
+def test_restore_defaults_to_the_newest_snapshot_of_the_only_cluster():
+    spec = ClusterSpec.from_body(body({"bootstrap": {"restore": {"url": "file:///a"}}}))
+    assert spec.restore == Restore("file:///a", cluster_id=None, index=None)
+
+
+def test_restore_index_zero_is_kept():
+    spec = ClusterSpec.from_body(body({"bootstrap": {"restore": {"url": "s3://b", "index": 0}}}))
+    assert spec.restore is not None and spec.restore.index == 0
+
+
+def test_null_fields_count_as_absent():
+    spec = ClusterSpec.from_body(body({"replicas": None, "archive": None, "snapshot": None}))
+    assert (spec.replicas, spec.archive, spec.snapshot_policy) == (3, None, None)
+
+
+def test_the_default_image_is_used_when_the_spec_names_none():
+    assert ClusterSpec.from_body(body(), default_image="x:1").image == "x:1"
+    assert ClusterSpec.from_body(body({"image": "y:2"}), default_image="x:1").image == "y:2"
+
+
+def test_metadata_without_uid_namespace_or_generation_still_reads():
+    """kmock objects may lack what the API server always sets."""
+    spec = ClusterSpec.from_body({"metadata": {"name": "demo"}, "spec": {}})
+    assert (spec.namespace, spec.uid, spec.generation) == ("default", "", 0)
+    assert spec.cluster_id == "default-demo"
+
+
+# -- the cluster id ------------------------------------------------------------------------------
+
+
+def test_cluster_id_prefers_the_spec_then_the_status_then_derives_one():
+    assert ClusterSpec.from_body(body({"clusterId": "mine"})).cluster_id == "mine"
+    recorded = {"clusterId": "prod-demo-11111111"}
+    assert ClusterSpec.from_body(body(status=recorded)).cluster_id == "prod-demo-11111111"
+    assert ClusterSpec.from_body(body()).cluster_id == "prod-demo-6f1c2a9e"
+
+
+def test_the_recorded_cluster_id_wins_and_a_different_spec_id_is_refused():
+    recorded = {"clusterId": "prod-demo-11111111"}
+    same = body({"clusterId": "prod-demo-11111111"}, status=recorded)
+    assert ClusterSpec.from_body(same).cluster_id == "prod-demo-11111111"
+    with pytest.raises(SpecError, match=r"spec\.clusterId \(other\) differs .*status\.clusterId"):
+        ClusterSpec.from_body(body({"clusterId": "other"}, status=recorded))
+
+
+@pytest.mark.parametrize(
+    ("namespace", "name", "uid", "expected"),
+    [
+        ("prod", "demo", UID, "prod-demo-6f1c2a9e"),
+        ("prod", "demo", UID.upper(), "prod-demo-6f1c2a9e"),
+        ("prod", "demo", "", "prod-demo"),
+        ("n" * 63, "c" * 52, UID, "n" * 54 + "-6f1c2a9e"),
+        ("team-a", "x" * 50, UID, "team-a-" + "x" * 47 + "-6f1c2a9e"),
+    ],
+)
+def test_the_derived_cluster_id_is_short_and_safe(namespace, name, uid, expected):
+    cluster_id = default_cluster_id(namespace, name, uid)
+    assert cluster_id == expected
+    assert len(cluster_id) <= 63
+    assert cluster_id[0].isalnum() and cluster_id[-1].isalnum()
+
+
+# -- what is refused, and how it is said ----------------------------------------------------------
+
+
+INVALID = [
+    # (field path, value, words the message must contain)
+    ("replicas", 0, "spec.replicas (0) must be at least 1"),
+    ("replicas", -2, "spec.replicas (-2) must be at least 1"),
+    ("replicas", 100, "spec.replicas (100) must be at most 99"),
+    ("replicas", "three", "spec.replicas must be a whole number, not 'three'"),
+    ("replicas", "3", "spec.replicas must be a whole number"),
+    ("replicas", 3.5, "spec.replicas must be a whole number"),
+    ("replicas", True, "spec.replicas must be a whole number"),
+    ("image", 7, "spec.image must be a string"),
+    ("imagePullPolicy", "Sometimes", "spec.imagePullPolicy must be Always or IfNotPresent or "
+                                     "Never, not 'Sometimes'"),
+    ("clusterId", "My_Cluster", "spec.clusterId must be 1-63 characters of a-z, 0-9"),
+    ("clusterId", "", "spec.clusterId must be 1-63 characters"),
+    ("clusterId", "a" * 64, "spec.clusterId must be 1-63 characters"),
+    ("resources.requests.memory", "lots", "spec.resources.requests.memory must be a quantity"),
+    ("resources.limits.cpu", "-1", "spec.resources.limits.cpu must be a quantity"),
+    ("resources.requests.cpu", "4", "spec.resources.requests.cpu (4) must not exceed "
+                                    "spec.resources.limits.cpu (2)"),
+    ("resources", "big", "spec.resources must be an object"),
+    ("storage.size", "1 GB", "spec.storage.size must be a quantity such as 1Gi"),
+    ("storage.size", "1GB", "spec.storage.size must be a quantity"),
+    ("storage.size", "0", "spec.storage.size (0) must be more than 0"),
+    ("storage.removedVolumePolicy", "Keep", "spec.storage.removedVolumePolicy must be Delete or "
+                                            "Retain, not 'Keep'"),
+    ("snapshot.ratio", "0", "spec.snapshot.ratio must be a decimal more than 0 and at most 1"),
+    ("snapshot.ratio", "1.5", "spec.snapshot.ratio must be a decimal"),
+    ("snapshot.ratio", "-0.1", "spec.snapshot.ratio must be a decimal"),
+    ("snapshot.ratio", 0.1, "spec.snapshot.ratio must be a string (quote it"),
+    ("snapshot.logBytes", "64MB", "spec.snapshot.logBytes must be a quantity"),
+    ("snapshot.logBytes", "0", "spec.snapshot.logBytes (0) must be a whole number of bytes"),
+    ("snapshot.logBytes", "1500m", "spec.snapshot.logBytes (1500m) must be a whole number"),
+    ("snapshot.entries", 0, "spec.snapshot.entries (0) must be at least 1"),
+    ("archive.url", DELETE, "spec.archive.url is required"),
+    ("archive.url", "http://minio/bucket", "spec.archive.url must start with s3:// or file://"),
+    ("archive.url", "s3:///prefix", "spec.archive.url names no bucket"),
+    ("archive.url", "file://relative/dir", "spec.archive.url must be an absolute file URL"),
+    ("archive.url", "s3://key:secret@bucket", "spec.archive.url must not carry credentials"),
+    ("archive.url", "http://minio:9000/b", "endpoint goes in spec.archive.endpoint"),
+    ("archive.url", "s3://bucket?versioned=1", "spec.archive.url must not have a query"),
+    ("archive.endpoint", "minio:9000", "spec.archive.endpoint must be an http:// or https://"),
+    ("archive.credentialsSecret.name", DELETE, "spec.archive.credentialsSecret.name is required"),
+    ("archive.credentialsSecret.name", "", "spec.archive.credentialsSecret.name is required"),
+    ("archive.keepSnapshots", 0, "spec.archive.keepSnapshots (0) must be at least 1"),
+    ("archive.intervalMs", 99, "spec.archive.intervalMs (99) must be at least 100"),
+    ("bootstrap.restore.url", DELETE, "spec.bootstrap.restore.url is required"),
+    ("bootstrap.restore.url", "https://x/y", "spec.bootstrap.restore.url must start with s3://"),
+    ("bootstrap.restore.index", -1, "spec.bootstrap.restore.index (-1) must be at least 0"),
+    ("bootstrap.new", {}, "spec.bootstrap must set exactly one of new or restore (it sets both)"),
+    ("bootstrap", {}, "spec.bootstrap must set exactly one of new or restore (it sets neither)"),
+    ("bootstrap.restore", "yes", "spec.bootstrap.restore must be an object"),
+    ("timing.heartbeatMs", 1500, "spec.timing.electionTimeoutMs (2000) must be at least twice "
+                                 "spec.timing.heartbeatMs (1500)"),
+    ("timing.electionTimeoutMs", 5, "spec.timing.electionTimeoutMs (5) must be at least 10"),
+    ("timing.heartbeatMs", 0, "spec.timing.heartbeatMs (0) must be at least 1"),
+    ("timing.heartbeatMs", 60_001, "spec.timing.heartbeatMs (60001) must be at most 60000"),
+    ("timing.electionTimeoutMs", 600_001, "spec.timing.electionTimeoutMs (600001) must be at "
+                                          "most 600000"),
+    ("timing.catchUpTimeoutSeconds", 9, "spec.timing.catchUpTimeoutSeconds (9) must be at "
+                                        "least 10"),
+    ("adminTokenSecret.name", DELETE, "spec.adminTokenSecret.name is required"),
+    ("deletion.finalSnapshot", "yes", "spec.deletion.finalSnapshot must be true or false"),
+]
+
+
+@pytest.mark.parametrize(("path", "value", "message"), INVALID,
+                         ids=[f"{path}={value!r}" for path, value, _ in INVALID])
+def test_an_invalid_field_is_named_in_one_readable_message(path, value, message):
+    with pytest.raises(SpecError) as caught:
+        ClusterSpec.from_body(body(with_field(path, value)))
+    assert message in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_the_timing_rule_reads_like_the_crd():
+    with pytest.raises(SpecError) as caught:
+        ClusterSpec.from_body(body({"timing": {"electionTimeoutMs": 150}}))
+    assert str(caught.value) == ("spec.timing.electionTimeoutMs (150) must be at least twice "
+                                 "spec.timing.heartbeatMs (100); 10x is usual")
+
+
+@pytest.mark.parametrize(
+    ("metadata", "message"),
+    [
+        ({"name": None}, "metadata.name is required"),
+        ({"name": "Demo"}, "metadata.name 'Demo' cannot name a Raft cluster"),
+        ({"name": "a.b"}, "metadata.name 'a.b' cannot name a Raft cluster"),
+        ({"name": "1st"}, "starting with a letter"),
+        ({"name": "x" * 53}, "at most 52 characters"),
+    ],
+)
+def test_an_unusable_object_name_is_refused(metadata, message):
+    with pytest.raises(SpecError, match=message):
+        ClusterSpec.from_body(body(**metadata))
+
+
+def test_a_spec_that_is_not_an_object_is_refused():
+    with pytest.raises(SpecError, match="spec must be an object"):
+        ClusterSpec.from_body(body(spec=["replicas", 3]))  # type: ignore[arg-type]
+
+
+# -- archive URLs: refused here exactly when the node would exit 2 on them ------------------------
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["s3://bucket", "s3://bucket/a/b/", "file:///", "file:///var/archive", "file://localhost/x",
+     "s3://", "s3:///x", "file://host/x", "file://", "s3://u:p@bucket", "s3://b?x=1",
+     "file:///a#frag", "gs://bucket", "S3://bucket"],
+)
+def test_archive_urls_are_checked_like_the_node_checks_them(url):
+    try:
+        parse_archive_url(url)
+        node_accepts = True
+    except ValueError:
+        node_accepts = False
+    try:
+        ClusterSpec.from_body(body({"archive": {"url": url}}))
+        operator_accepts = True
+    except SpecError:
+        operator_accepts = False
+    # The CRD only admits s3:// and file:// (lowercase), so S3:// is refused even if the node
+    # would take it.
+    assert operator_accepts == (node_accepts and url.startswith(("s3://", "file://")))
+
+
+# -- the snapshot policy, as the node reads it -----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("snapshot", "policy", "rules"),
+    [
+        ({}, None, None),
+        ({"ratio": "0.1"}, "ratio=0.1", (RatioRule(Decimal("0.1"), DEFAULT_FLOOR),)),
+        ({"ratio": "1"}, "ratio=1", (RatioRule(Decimal(1), DEFAULT_FLOOR),)),
+        ({"ratio": "1.00"}, "ratio=1.00", (RatioRule(Decimal(1), DEFAULT_FLOOR),)),
+        ({"logBytes": "64Mi"}, "log-bytes=64MiB", (LogBytesRule(64 * MiB),)),
+        ({"logBytes": 4096}, "log-bytes=4KiB", (LogBytesRule(4096),)),
+        ({"logBytes": "1000"}, "log-bytes=1000B", (LogBytesRule(1000),)),
+        ({"logBytes": "1G"}, "log-bytes=1000000000B", (LogBytesRule(10**9),)),
+        ({"logBytes": "1.5Gi"}, "log-bytes=1536MiB", (LogBytesRule(1536 * MiB),)),
+        ({"logBytes": "2e3"}, "log-bytes=2000B", (LogBytesRule(2000),)),
+        ({"logBytes": "1Ti"}, "log-bytes=1024GiB", (LogBytesRule(1 << 40),)),
+        ({"entries": 10000}, "entries=10000", (EntriesRule(10000),)),
+        ({"ratio": "0.1", "logBytes": "64Mi", "entries": 10000},
+         "ratio=0.1,log-bytes=64MiB,entries=10000",
+         (RatioRule(Decimal("0.1"), DEFAULT_FLOOR), LogBytesRule(64 * MiB),
+          EntriesRule(10000))),
+    ],
+)
+def test_the_snapshot_policy_round_trips_through_the_nodes_parser(snapshot, policy, rules):
+    spec = ClusterSpec.from_body(body({"snapshot": snapshot}))
+    assert spec.snapshot_policy == policy
+    if policy is not None:
+        assert SnapshotPolicy.parse(spec.snapshot_policy).rules == rules
+
+
+# -- quantities ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("1Gi", 1 << 30), ("64Mi", 64 * MiB), ("1.5Ki", 1536), ("500m", Decimal("0.5")),
+     ("2", 2), ("1k", 1000), ("1M", 10**6), ("1E", 10**18), ("1Ei", 1 << 60),
+     ("1e3", 1000), ("1E3", 1000), ("5e-1", Decimal("0.5")), (".5", Decimal("0.5")),
+     ("+3", 3), ("100n", Decimal("1e-7")), ("3u", Decimal("3e-6"))],
+)
+def test_kubernetes_quantities(text, value):
+    assert parse_quantity(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "Gi", "1 Gi", "1GB", "1gi", "1.2.3", "1e", "1K",
+                                  "1e99999999999", "0x10"])
+def test_not_quantities(text):
+    with pytest.raises(ValueError):
+        parse_quantity(text)
+
+
+# -- names and helpers ----------------------------------------------------------------------------
+
+
+def test_members_and_their_urls():
+    spec = ClusterSpec.from_body(body())
+    assert spec.member_names(3) == ["demo-0", "demo-1", "demo-2"]
+    assert spec.peer_url("demo-1") == "http://demo-1.demo-peers.prod.svc:2380"
+    assert spec.client_url("demo-1") == "http://demo-1.demo-peers.prod.svc:2379"
+    assert spec.initial_cluster(["demo-0", "demo-1"]) == (
+        "demo-0=http://demo-0.demo-peers.prod.svc:2380,"
+        "demo-1=http://demo-1.demo-peers.prod.svc:2380"
+    )
+
+
+def test_labels_and_the_scale_selector():
+    spec = ClusterSpec.from_body(body())
+    assert spec.labels == {
+        "app.kubernetes.io/name": "flotilla",
+        "app.kubernetes.io/instance": "demo",
+        "app.kubernetes.io/managed-by": "flotilla-operator",
+        "app.kubernetes.io/component": "raft-member",
+    }
+    assert spec.selector == "app.kubernetes.io/name=flotilla,app.kubernetes.io/instance=demo"
+    assert spec.selector_labels.items() <= spec.labels.items()
+
+
+@pytest.mark.parametrize(("voters", "quorum"), [(1, 1), (2, 2), (3, 2), (4, 3), (5, 3), (99, 50)])
+def test_quorum_is_a_majority(voters, quorum):
+    assert ClusterSpec.quorum(voters) == quorum
+
+
+def test_the_spec_is_frozen():
+    spec = ClusterSpec.from_body(body())
+    with pytest.raises(AttributeError):
+        spec.replicas = 5  # type: ignore[misc]
+
+
+def test_an_archive_url_with_credentials_is_not_echoed():
+    with pytest.raises(SpecError) as caught:
+        ClusterSpec.from_body(body({"archive": {"url": "s3://AKIA:hunter2@bucket"}}))
+    assert "hunter2" not in str(caught.value)
