@@ -308,7 +308,7 @@ def _bootstrap(fields: _Fields) -> Restore | None:
     return Restore(
         url=_archive_url(restore, "url", meaning="the archive URL the old cluster used"),
         cluster_id=restore.string("clusterId") or None,
-        index=restore.optional_integer("index", minimum=0),
+        index=restore.optional_integer("index", minimum=1),
     )
 
 

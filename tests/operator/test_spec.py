@@ -171,9 +171,9 @@ def test_restore_defaults_to_the_newest_snapshot_of_the_only_cluster():
     assert spec.restore == Restore("file:///a", cluster_id=None, index=None)
 
 
-def test_restore_index_zero_is_kept():
-    spec = ClusterSpec.from_body(body({"bootstrap": {"restore": {"url": "s3://b", "index": 0}}}))
-    assert spec.restore is not None and spec.restore.index == 0
+def test_restore_index_is_kept():
+    spec = ClusterSpec.from_body(body({"bootstrap": {"restore": {"url": "s3://b", "index": 1}}}))
+    assert spec.restore is not None and spec.restore.index == 1
 
 
 def test_null_fields_count_as_absent():
@@ -278,7 +278,7 @@ INVALID = [
     ("archive.intervalMs", 99, "spec.archive.intervalMs (99) must be at least 100"),
     ("bootstrap.restore.url", DELETE, "spec.bootstrap.restore.url is required"),
     ("bootstrap.restore.url", "https://x/y", "spec.bootstrap.restore.url must start with s3://"),
-    ("bootstrap.restore.index", -1, "spec.bootstrap.restore.index (-1) must be at least 0"),
+    ("bootstrap.restore.index", 0, "spec.bootstrap.restore.index (0) must be at least 1"),
     ("bootstrap.new", {}, "spec.bootstrap must set exactly one of new or restore (it sets both)"),
     ("bootstrap", {}, "spec.bootstrap must set exactly one of new or restore (it sets neither)"),
     ("bootstrap.restore", "yes", "spec.bootstrap.restore must be an object"),
