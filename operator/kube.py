@@ -1,0 +1,138 @@
+"""The few Kubernetes API calls the operator makes, as plain JSON over the `kubernetes` client's
+REST layer (its configuration, auth and TLS, none of its generated models).
+
+Plain dicts both ways keep the operator's objects identical to what `render` produced and what
+the tests compare, and the calls small enough to read in one sitting. Synchronous: handlers run
+a whole reconcile in a worker thread.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import quote, urlencode
+
+__all__ = ["ApiError", "Kube", "object_path"]
+
+COMPONENT = "flotilla-operator"
+
+# kind -> (API prefix, plural) for everything the operator touches.
+_RESOURCES = {
+    "RaftCluster": ("/apis/flotilla.dev/v1alpha1", "raftclusters"),
+    "StatefulSet": ("/apis/apps/v1", "statefulsets"),
+    "Service": ("/api/v1", "services"),
+    "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),
+    "Pod": ("/api/v1", "pods"),
+    "PersistentVolumeClaim": ("/api/v1", "persistentvolumeclaims"),
+    "Secret": ("/api/v1", "secrets"),
+    "Event": ("/api/v1", "events"),
+}
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
+
+
+def object_path(kind: str, namespace: str, name: str | None = None) -> str:
+    prefix, plural = _RESOURCES[kind]
+    path = f"{prefix}/namespaces/{quote(namespace, safe='')}/{plural}"
+    return f"{path}/{quote(name, safe='')}" if name else path
+
+
+class Kube:
+    """GET/LIST/POST/PATCH/DELETE of whole objects by kind, namespace and name."""
+
+    def __init__(self, api_client: Any | None = None) -> None:
+        if api_client is None:
+            api_client = _default_client()
+        self.api = api_client
+
+    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self._call("GET", object_path(kind, namespace, name))
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def list(self, kind: str, namespace: str, selector: str) -> list[dict[str, Any]]:
+        """Objects whose labels match `selector` ("k=v,k2=v2"; "" for all). The match is also
+        checked here, so an API server that ignores labelSelector cannot mix clusters up."""
+        query = f"?{urlencode({'labelSelector': selector})}" if selector else ""
+        doc = self._call("GET", f"{object_path(kind, namespace)}{query}")
+        wanted = dict(pair.split("=", 1) for pair in selector.split(",") if pair)
+        return [item for item in doc.get("items") or []
+                if all(((item.get("metadata") or {}).get("labels") or {}).get(k) == v
+                       for k, v in wanted.items())]
+
+    def create(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        meta = body["metadata"]
+        return self._call("POST", object_path(body["kind"], meta["namespace"]), body)
+
+    def patch(self, kind: str, namespace: str, name: str, patch: Mapping[str, Any],
+              subresource: str = "") -> dict[str, Any]:
+        """A JSON merge patch (RFC 7386): what is given replaces, None deletes."""
+        path = object_path(kind, namespace, name) + (f"/{subresource}" if subresource else "")
+        return self._call("PATCH", path, patch, "application/merge-patch+json")
+
+    def delete(self, kind: str, namespace: str, name: str) -> bool:
+        """True if it was there."""
+        try:
+            self._call("DELETE", object_path(kind, namespace, name))
+        except ApiError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    def event(self, obj: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
+        """A core/v1 Event about `obj` (what `kubectl describe` and `kubectl get events`
+        show). Named like kubectl names them, NAME.<random>, rather than with generateName."""
+        meta = obj.get("metadata") or {}
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        self.create({
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": f"{meta.get('name')}.{uuid.uuid4().hex[:16]}",
+                         "namespace": meta.get("namespace") or "default"},
+            "involvedObject": {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"),
+                               "name": meta.get("name"), "namespace": meta.get("namespace"),
+                               "uid": meta.get("uid")},
+            "type": kind, "reason": reason, "message": message[:1024],
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+            "source": {"component": COMPONENT}, "reportingComponent": COMPONENT,
+        })
+
+    def _call(self, method: str, path: str, body: Any = None,
+              content_type: str = "application/json") -> dict[str, Any]:
+        from kubernetes.client.exceptions import ApiException
+
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        self.api.update_params_for_auth(headers, [], ["BearerToken"])
+        try:
+            resp = self.api.rest_client.request(
+                method, self.api.configuration.host + path, headers=headers,
+                body=body, _preload_content=False, _request_timeout=30)
+        except ApiException as exc:
+            try:
+                message = json.loads(exc.body or b"{}").get("message") or exc.reason
+            except ValueError:
+                message = (exc.body or b"")[:300] or exc.reason
+            raise ApiError(exc.status or 0, str(message)) from None
+        data = resp.data
+        return json.loads(data) if data else {}
+
+
+def _default_client() -> Any:
+    """The in-cluster service account, else the local kubeconfig (as kubectl finds it)."""
+    from kubernetes import client, config
+
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    return client.ApiClient()

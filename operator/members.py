@@ -1,0 +1,89 @@
+"""How the operator reaches members: their own `/v1/status`, and the admin calls a step needs.
+
+A member is reached at its stable DNS name through the headless Service
+(`http://NAME-i.NAME-peers.NS.svc:2379`). Where the operator runs outside the cluster network
+(on a laptop, or in tests whose members are local processes), a JSON file named by
+`FLOTILLA_OPERATOR_MEMBER_URLS` maps `NS/POD` to `{"client": URL, "peer": URL}` instead; it is
+read on every lookup, so whoever starts the members can add them as they come.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from flotilla.client import Client, FlotillaError
+
+from .planner import Action, Step
+from .spec import ClusterSpec
+
+__all__ = ["MEMBER_URLS_ENV", "Members"]
+
+MEMBER_URLS_ENV = "FLOTILLA_OPERATOR_MEMBER_URLS"
+STATUS_TIMEOUT = 2.0  # a member slower than this to describe itself counts as not answering
+ADMIN_TIMEOUT = 30.0  # joint changes answer once C_new is committed
+
+
+class Members:
+    def __init__(self, spec: ClusterSpec, token: str | None = None) -> None:
+        self.spec = spec
+        self.token = token
+
+    def _override(self, member: str) -> Mapping[str, str] | None:
+        path = os.environ.get(MEMBER_URLS_ENV)
+        if not path:
+            return None
+        try:
+            with open(path) as f:
+                return json.load(f).get(f"{self.spec.namespace}/{member}")
+        except (OSError, ValueError):
+            return None
+
+    def client_url(self, member: str) -> str:
+        override = self._override(member)
+        return override["client"] if override else self.spec.client_url(member)
+
+    def peer_url(self, member: str) -> str:
+        override = self._override(member)
+        return override["peer"] if override else self.spec.peer_url(member)
+
+    def statuses(self, members: Iterable[str]) -> dict[str, dict[str, Any] | None]:
+        """Each member's own /v1/status (None when it does not answer), asked in parallel."""
+        names = list(members)
+        if not names:
+            return {}
+        with ThreadPoolExecutor(max_workers=min(8, len(names))) as pool:
+            return dict(zip(names, pool.map(self.status, names), strict=True))
+
+    def status(self, member: str) -> dict[str, Any] | None:
+        url = self.client_url(member)
+        try:
+            with Client(url, timeout=STATUS_TIMEOUT, retries=0, token=self.token) as c:
+                return c.status(url)
+        except (FlotillaError, ValueError, OSError):
+            return None
+
+    def carry_out(self, action: Action, reachable: Iterable[str]) -> None:
+        """One membership step through the admin API of any member that answers (followers
+        forward to the leader). Raises FlotillaError when it was refused or failed."""
+        urls = [self.client_url(m) for m in reachable]
+        with Client(urls, timeout=ADMIN_TIMEOUT, token=self.token) as c:
+            if action.step is Step.ADD_LEARNER:
+                c.add_member(action.member, self.peer_url(action.member),
+                             self.client_url(action.member))
+            elif action.step is Step.CHANGE_VOTERS:
+                c.set_voters(action.voters)
+            elif action.step is Step.TRANSFER_LEADER:
+                c.transfer_leader(action.member)
+            elif action.step is Step.REMOVE_MEMBER:
+                c.remove_member(action.member)
+            else:
+                raise AssertionError(f"{action.step} is not a membership call")
+
+    def snapshot(self, reachable: Iterable[str]) -> dict[str, Any]:
+        urls = [self.client_url(m) for m in reachable]
+        with Client(urls, timeout=ADMIN_TIMEOUT, token=self.token) as c:
+            return c.snapshot()

@@ -1,0 +1,355 @@
+"""One reconcile of one RaftCluster: observe, plan, take one step, describe.
+
+Runs in a worker thread (the Kubernetes and member calls are synchronous) and returns what the
+kopf handler must write back: the status, and the events to post. Everything it decides comes
+from `planner.plan`; this module only translates between Kubernetes objects and the planner's
+slots, and carries out the step with the API server or the members' admin API.
+
+Idempotent by construction: the owned objects are compared with what `render` produces and
+patched only where they differ, and the step is recomputed from scratch on every call.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from flotilla.client import FlotillaError
+
+from . import render
+from .kube import ApiError, Kube
+from .members import Members
+from .planner import CatchUp, Observed, Plan, Record, Slot, Step, plan
+from .spec import ClusterSpec, SpecError
+
+__all__ = ["Outcome", "finalize", "reconcile"]
+
+log = logging.getLogger("flotilla.operator")
+
+# Planner steps as Kubernetes event reasons.
+REASONS = {
+    Step.RESIZE: "Resized",
+    Step.ADD_LEARNER: "LearnerAdded",
+    Step.CHANGE_VOTERS: "VotersChanged",
+    Step.TRANSFER_LEADER: "LeadershipTransferred",
+    Step.REMOVE_MEMBER: "MemberRemoved",
+    Step.RESET_VOLUME: "VolumeReset",
+    Step.DELETE_VOLUME: "VolumeDeleted",
+}
+_ORDINAL = re.compile(r"-(\d+)$")
+# What may change in an owned object after creation (the rest is immutable, or the API
+# server's to fill in).
+_MUTABLE = {
+    "StatefulSet": ("replicas", "template", "updateStrategy"),
+    "Service": ("ports", "publishNotReadyAddresses"),
+    "PodDisruptionBudget": ("minAvailable",),
+}
+
+
+@dataclass
+class Outcome:
+    status: dict[str, Any]
+    events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
+    plan: Plan | None = None
+
+
+def reconcile(kube: Kube, body: Mapping[str, Any], *, default_image: str,
+              now: float | None = None) -> Outcome:
+    now = time.time() if now is None else now
+    old = dict(body.get("status") or {})
+    try:
+        spec = ClusterSpec.from_body(body, default_image=default_image)
+    except SpecError as exc:
+        status = {"phase": "Invalid", "observedGeneration": _generation(body),
+                  "lastAction": f"nothing: the spec is invalid: {exc}"}
+        status["conditions"] = _conditions(old, {
+            "Ready": (False, "InvalidSpec", str(exc)),
+            "Progressing": (False, "InvalidSpec", "fix the spec; nothing is changed meanwhile"),
+        }, _generation(body))
+        said = any(c.get("type") == "Ready" and c.get("message") == str(exc)
+                   for c in old.get("conditions") or [])  # said once, not every round
+        return Outcome(status, [] if said else [("Warning", "InvalidSpec", str(exc))])
+
+    record = _record(old)
+    members = Members(spec, _token(kube, spec))
+    sts = kube.get("StatefulSet", spec.namespace, spec.name)
+    size = int((sts or {}).get("spec", {}).get("replicas") or 0)
+    pods = {p["metadata"]["name"]: p for p in kube.list("Pod", spec.namespace, spec.selector)}
+    pvcs = {p["metadata"]["name"] for p in kube.list("PersistentVolumeClaim", spec.namespace,
+                                                     spec.selector)}
+    highest = max([_ordinal(n) + 1 for n in [*pods, *(v[5:] for v in pvcs)]] or [0])
+    names = spec.member_names(max(spec.replicas, size, highest))
+    running = [n for n in names if _running(pods.get(n))]
+    statuses = members.statuses(running)
+    slots = {n: Slot(running=n in running, status=statuses.get(n),
+                     exit_code=_exit_code(pods.get(n)), volume=_claim(n) in pvcs)
+             for n in names}
+    result = plan(Observed(desired=spec.replicas, size=size, slots=slots, names=names,
+                           record=record, now=now,
+                           catch_up_timeout=float(spec.timing.catch_up_timeout_seconds),
+                           delete_removed_volumes=spec.storage.removed_volume_policy
+                           == "Delete"))
+    action = result.action
+    events: list[tuple[str, str, str]] = []
+    lead = result.leader_status or {}
+    voters = list((lead.get("config") or {}).get("voters") or [])
+
+    # The owned objects, created or brought in line (never resized here but by a step).
+    target_size = action.size if action.step is Step.RESIZE else size
+    bootstrapped = result.record.bootstrapped
+    # After bootstrap --initial-cluster is inert (every pod starts `existing`): left out.
+    bootstrap = names[:target_size] if not bootstrapped else []
+    for obj in render.owned_objects(spec, bootstrap, bootstrapped, target_size,
+                                    voters=len(voters) or spec.replicas):
+        created = _ensure(kube, obj)
+        if created:
+            events.append(("Normal", "Created", f"{obj['kind']} {obj['metadata']['name']}"))
+
+    # The step.
+    step_error = None
+    if action.step not in (Step.WAIT, Step.DONE, Step.RESIZE):
+        try:
+            _carry_out(kube, members, spec, action, running)
+        except (FlotillaError, ApiError, OSError) as exc:
+            step_error = str(exc)
+    if action.step in REASONS:
+        if step_error:
+            events.append(("Warning", REASONS[action.step] + "Failed",
+                           f"{action.describe()}; failed, retried next round: {step_error}"))
+        else:
+            events.append(("Normal", REASONS[action.step], action.describe()))
+    status = _status(spec, old, result, pods, statuses, voters, step_error)
+    return Outcome(status, events, result)
+
+
+def finalize(kube: Kube, body: Mapping[str, Any], *, default_image: str) -> str:
+    """Before a RaftCluster goes: its final snapshot, when it has an archive and asks for one.
+    Returns what happened, in words. The owned objects go with it (owner references); the
+    volumes stay, as StatefulSet volumes do: delete the PVCs to delete the data."""
+    try:
+        spec = ClusterSpec.from_body(body, default_image=default_image)
+    except SpecError as exc:
+        return f"no final snapshot: the spec is invalid ({exc})"
+    if spec.archive is None or not spec.final_snapshot:
+        return "no final snapshot (no archive, or spec.deletion.finalSnapshot is false)"
+    members = Members(spec, _token(kube, spec))
+    pods = kube.list("Pod", spec.namespace, spec.selector)
+    running = [p["metadata"]["name"] for p in pods if _running(p)]
+    if not running:
+        return "no final snapshot: no member runs"
+    doc = members.snapshot(running)
+    return f"final snapshot at index {doc['index']} shipped to {doc.get('location')}"
+
+
+# --- steps ----------------------------------------------------------------------------------
+
+
+def _carry_out(kube: Kube, members: Members, spec: ClusterSpec, action: Any,
+               running: list[str]) -> None:
+    if action.step is Step.RESET_VOLUME:
+        # The claim first: it is held until the pod is gone, then the StatefulSet controller
+        # makes the pod again with a new, empty claim.
+        kube.delete("PersistentVolumeClaim", spec.namespace, _claim(action.member))
+        kube.delete("Pod", spec.namespace, action.member)
+    elif action.step is Step.DELETE_VOLUME:
+        kube.delete("PersistentVolumeClaim", spec.namespace, _claim(action.member))
+    else:
+        members.carry_out(action, running)
+
+
+def _ensure(kube: Kube, obj: Mapping[str, Any]) -> bool:
+    """Create `obj`, or merge-patch the existing one where it differs. True if created."""
+    meta = obj["metadata"]
+    current = kube.get(obj["kind"], meta["namespace"], meta["name"])
+    if current is None:
+        kube.create(obj)
+        return True
+    wanted = {k: v for k, v in obj["spec"].items() if k in _MUTABLE[obj["kind"]]}
+    have = current.get("spec") or {}
+    changed = {k: v for k, v in wanted.items() if not _covers(have.get(k), v)}
+    patch: dict[str, Any] = {"spec": changed} if changed else {}
+    labels = meta.get("labels") or {}
+    if any((current.get("metadata", {}).get("labels") or {}).get(k) != v
+           for k, v in labels.items()):
+        patch["metadata"] = {"labels": labels}
+    if patch:
+        kube.patch(obj["kind"], meta["namespace"], meta["name"], patch)
+    return False
+
+
+def _covers(current: Any, wanted: Any) -> bool:
+    """Whether `current` already holds everything in `wanted` (the API server adds defaults,
+    so equality would patch every round)."""
+    if isinstance(wanted, Mapping):
+        return isinstance(current, Mapping) and all(
+            _covers(current.get(k), v) for k, v in wanted.items())
+    if isinstance(wanted, list):
+        return (isinstance(current, list) and len(current) == len(wanted)
+                and all(_covers(c, w) for c, w in zip(current, wanted, strict=True)))
+    return current == wanted
+
+
+# --- observing ------------------------------------------------------------------------------
+
+
+def _ordinal(name: str) -> int:
+    found = _ORDINAL.search(name)
+    return int(found.group(1)) if found else -1
+
+
+def _claim(member: str) -> str:
+    return f"{render.VOLUME}-{member}"
+
+
+def _running(pod: Mapping[str, Any] | None) -> bool:
+    if pod is None or pod.get("metadata", {}).get("deletionTimestamp"):
+        return False
+    return (pod.get("status") or {}).get("phase") == "Running"
+
+
+def _ready(pod: Mapping[str, Any] | None) -> bool:
+    conditions = ((pod or {}).get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def _exit_code(pod: Mapping[str, Any] | None) -> int | None:
+    """The node container's last exit code while it is waiting to be restarted (a crash
+    loop), else None."""
+    for cs in ((pod or {}).get("status") or {}).get("containerStatuses") or []:
+        if cs.get("name") != render.CONTAINER or "running" in (cs.get("state") or {}):
+            continue
+        terminated = (cs.get("lastState") or {}).get("terminated") or (
+            cs.get("state") or {}).get("terminated")
+        if terminated and terminated.get("exitCode") is not None:
+            return int(terminated["exitCode"])
+    return None
+
+
+def _token(kube: Kube, spec: ClusterSpec) -> str | None:
+    ref = spec.admin_token
+    if ref is None:
+        return None
+    secret = kube.get("Secret", spec.namespace, ref.name) or {}
+    data = (secret.get("data") or {}).get(ref.key)
+    return base64.b64decode(data).decode() if data else None
+
+
+def _generation(body: Mapping[str, Any]) -> int:
+    return int((body.get("metadata") or {}).get("generation") or 0)
+
+
+# --- the record and the status --------------------------------------------------------------
+
+
+def _record(status: Mapping[str, Any]) -> Record:
+    """The planner's record, kept in the status (so it survives operator restarts)."""
+    return Record(
+        bootstrapped=bool(status.get("bootstrapped")),
+        uids={m["name"]: m["uid"] for m in status.get("members") or [] if m.get("uid")},
+        removed=frozenset(m["uid"] for m in status.get("removedMembers") or [] if m.get("uid")),
+        catch_up={c["name"]: CatchUp(_epoch(c.get("since")), int(c.get("attempts") or 1))
+                  for c in status.get("catchUp") or []},
+    )
+
+
+def _epoch(text: str | None) -> float | None:
+    if not text:
+        return None
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def _rfc3339(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _status(spec: ClusterSpec, old: Mapping[str, Any], result: Plan,
+            pods: Mapping[str, Any], statuses: Mapping[str, Any], voters: list[str],
+            step_error: str | None) -> dict[str, Any]:
+    lead = result.leader_status or {}
+    record = result.record
+    config = lead.get("config") or {}
+    progress = lead.get("members") or {}
+    previous_names = {m["uid"]: m.get("name") for m in old.get("removedMembers") or []}
+    members = []
+    for name in sorted(progress, key=_ordinal):
+        info = progress[name] or {}
+        members.append({"name": name, "role": info.get("role") or "unknown",
+                        "matchIndex": int(info.get("match_index") or 0),
+                        "uid": record.uids.get(name, ""), "ready": _ready(pods.get(name))})
+    snapshot = lead.get("snapshot") or {}
+    archive = lead.get("archive") or {}
+    commit = int(lead.get("commit_index") or 0)
+    action = result.action
+    generation = spec.generation
+    status: dict[str, Any] = {
+        "observedGeneration": generation,
+        "phase": result.phase,
+        "replicas": len(voters),
+        "readyReplicas": sum(1 for p in pods.values() if _ready(p)),
+        "selector": spec.selector,
+        "clusterId": spec.cluster_id,
+        "bootstrapped": record.bootstrapped,
+        "leader": result.leader or "",
+        "term": int(lead.get("term") or old.get("term") or 0),
+        "commitIndex": commit,
+        "configuration": {"voters": sorted(config.get("voters") or []),
+                          "learners": sorted(config.get("learners") or []),
+                          "joint": bool(config.get("joint"))},
+        "members": members,
+        "lastSnapshot": {"index": int(snapshot.get("index") or 0),
+                         "term": int(snapshot.get("term") or 0),
+                         "bytes": int(snapshot.get("bytes") or 0)},
+        "removedMembers": [{"name": previous_names.get(u) or "", "uid": u}
+                           for u in sorted(record.removed)],
+        "catchUp": [{"name": n, "attempts": c.attempts,
+                     **({"since": _rfc3339(c.since)} if c.since is not None else {})}
+                    for n, c in sorted(record.catch_up.items())],
+        "lastAction": action.describe() + (f" (failed: {step_error})" if step_error else ""),
+    }
+    if spec.archive is not None:
+        archived = archive.get("last_archived_index")
+        status["archive"] = {
+            "url": archive.get("url") or spec.archive.url,
+            "lastArchivedIndex": int(archived or 0),
+            "lastSnapshotIndex": int(archive.get("last_snapshot_index") or 0),
+            "lag": max(0, commit - int(archived or 0)),
+            "error": archive.get("error") or "",
+        }
+    done = action.step is Step.DONE
+    wanted: dict[str, tuple[bool, str, str]] = {
+        "Ready": (done and not result.degraded, "AsAsked" if done else "Reconciling",
+                  action.reason if not done else f"{len(voters)} voters, as asked"),
+        "Progressing": (not done, REASONS.get(action.step, action.step.value.title()),
+                        action.reason),
+        "Degraded": (bool(result.degraded), "Degraded" if result.degraded else "Healthy",
+                     result.degraded or "every voter answers"),
+    }
+    if spec.archive is not None:
+        error = archive.get("error")
+        wanted["Archiving"] = (bool(lead) and not error, "ArchiveError" if error else (
+            "Shipping" if lead else "NoLeader"), error or f"archived up to index "
+            f"{archive.get('last_archived_index') or 0} of {commit}")
+    status["conditions"] = _conditions(old, wanted, generation)
+    return status
+
+
+def _conditions(old: Mapping[str, Any], wanted: Mapping[str, tuple[bool, str, str]],
+                generation: int) -> list[dict[str, Any]]:
+    """Conditions in the Kubernetes shape; lastTransitionTime moves only when status does."""
+    before = {c.get("type"): c for c in old.get("conditions") or []}
+    now = _rfc3339(time.time())
+    out = []
+    for kind, (ok, reason, message) in wanted.items():
+        value = "True" if ok else "False"
+        prior = before.get(kind) or {}
+        out.append({"type": kind, "status": value, "reason": reason, "message": message[:1000],
+                    "observedGeneration": generation,
+                    "lastTransitionTime": prior.get("lastTransitionTime")
+                    if prior.get("status") == value else now})
+    return out

@@ -1,0 +1,303 @@
+"""A Kubernetes API (kmock) plus the two things it lacks for the operator's tests: a StatefulSet
+controller and a kubelet, played by real `flotilla node` processes on loopback.
+
+`Kmock` serves kmock's emulator from a thread of its own, with the resources the operator
+uses registered. `Kubelet` watches it like the controllers would: for every StatefulSet it
+runs pods NAME-0..NAME-(replicas-1) as node processes started with the env of the pod
+template, resolved as the kubelet does (fieldRef, `$(VAR)`), makes a PersistentVolumeClaim
+per pod (a directory), and publishes Pod objects whose phase and Ready condition follow the
+process and its /readyz. Deleting a Pod kills its process (the controller starts it again);
+deleting a claim wipes its directory. Cluster DNS is played by rewriting
+`http://POD.SVC.NS.svc:PORT` into the pod's loopback address, and the operator finds members
+through the FLOTILLA_OPERATOR_MEMBER_URLS file this writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import kmock
+from flotilla.operator.kube import Kube
+
+from tests.harness import ports
+
+RESOURCES = {
+    "flotilla.dev/v1alpha1/raftclusters": ("RaftCluster", {"status"}),
+    "apps/v1/statefulsets": ("StatefulSet", set()),
+    "v1/services": ("Service", set()),
+    "policy/v1/poddisruptionbudgets": ("PodDisruptionBudget", set()),
+    "v1/events": ("Event", set()),
+    "v1/pods": ("Pod", set()),
+    "v1/persistentvolumeclaims": ("PersistentVolumeClaim", set()),
+    "v1/secrets": ("Secret", set()),
+}
+VERBS = {"list", "watch", "get", "create", "patch", "delete"}
+_DNS = re.compile(r"http://([a-z0-9-]+)\.[a-z0-9-]+\.[a-z0-9-]+\.svc:(2379|2380)")
+
+
+class Kmock:
+    """kmock's Kubernetes emulator on a loopback port, run by a thread's event loop."""
+
+    def __init__(self) -> None:
+        self.url = ""
+        self.emulator: Any = None
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._run, name="kmock", daemon=True)
+
+    def start(self) -> Kmock:
+        self._thread.start()
+        if not self._ready.wait(20):
+            raise RuntimeError("kmock did not start")
+        return self
+
+    def _run(self) -> None:
+        self._loop.run_until_complete(self._serve())
+
+    async def _serve(self) -> None:
+        self._stop = asyncio.Event()
+        async with kmock.KubernetesEmulator() as k, kmock.Server(k) as server:
+            for key, (kind, subresources) in RESOURCES.items():
+                k.resources[key] = dict(kind=kind, namespaced=True, verbs=VERBS,
+                                        subresources=subresources)
+            # kopf watches CRDs to notice resources coming and going, and waits to see the
+            # namespaces resource exist (it lists no namespace when watching cluster-wide).
+            k.resources["apiextensions.k8s.io/v1/customresourcedefinitions"] = dict(
+                kind="CustomResourceDefinition", namespaced=False, verbs=VERBS)
+            k.resources["v1/namespaces"] = dict(kind="Namespace", namespaced=False,
+                                                verbs={"list", "watch", "get"})
+            self.emulator = k
+            self.url = str(server.url).rstrip("/")
+            self._ready.set()
+            await self._stop.wait()
+
+    def stop(self) -> None:
+        if self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+
+    def kubeconfig(self, path: Path) -> Path:
+        path.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
+            "clusters": [{"name": "kmock", "cluster": {"server": self.url}}],
+            "users": [{"name": "test", "user": {"token": "test-token"}}],
+            "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "test"}}],
+        }))
+        return path
+
+    def api(self) -> Kube:
+        from kubernetes import client
+
+        config = client.Configuration()
+        config.host = self.url
+        return Kube(client.ApiClient(config))
+
+
+class Kubelet:
+    """Runs the pods of every StatefulSet in `namespace` as node processes (see module doc)."""
+
+    def __init__(self, api: Kube, namespace: str, root: Path) -> None:
+        self.api = api
+        self.namespace = namespace
+        self.root = root
+        self.urls_file = root / "member-urls.json"
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.addresses: dict[str, tuple[int, int]] = {}  # pod -> (peer port, client port)
+        self.started: list[str] = []  # pods in the order they were started, restarts too
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="kubelet", daemon=True)
+        self.published: set[str] = set()  # pods whose Pod object this created
+        self.crashed: dict[str, float] = {}  # pod -> when its process was seen exited
+        self.errors: list[str] = []
+        self.urls_file.write_text("{}")
+
+    def start(self) -> Kubelet:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        for name in list(self.procs):
+            self._kill(name, signal.SIGKILL)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.sync()
+            except Exception as exc:  # keep playing the kubelet; the test reads the errors
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+            self._stop.wait(0.2)
+
+    # --- the StatefulSet controller and the kubelet ----------------------------------------
+
+    def sync(self) -> None:
+        sets = self.api.list("StatefulSet", self.namespace, "")
+        wanted: dict[str, dict[str, Any]] = {}
+        for sts in sets:
+            name = sts["metadata"]["name"]
+            for i in range(int(sts["spec"].get("replicas") or 0)):
+                wanted[f"{name}-{i}"] = sts
+        pods = {p["metadata"]["name"]: p for p in self.api.list("Pod", self.namespace, "")}
+        for pod in list(self.procs):
+            if pod not in wanted:  # scaled away
+                self._kill(pod, signal.SIGTERM)
+                if pod in pods:
+                    self.api.delete("Pod", self.namespace, pod)
+                    del pods[pod]
+            elif pod in self.published and pod not in pods:  # its Pod object was deleted
+                self._kill(pod, signal.SIGKILL)
+        self.published &= set(pods)
+        claims = {c["metadata"]["name"] for c in self.api.list("PersistentVolumeClaim",
+                                                                 self.namespace, "")}
+        for pod, sts in wanted.items():
+            claim = f"data-{pod}"
+            proc = self.procs.get(pod)
+            if claim not in claims:
+                if proc is not None and proc.poll() is None:
+                    continue  # a claim in use is only released once its pod is gone
+                shutil.rmtree(self.root / claim, ignore_errors=True)  # deleted: data gone
+                self.api.create(self._claim(sts, claim))
+            if proc is None or (proc.poll() is not None and pod not in self.crashed):
+                if proc is not None:
+                    self.crashed[pod] = time.monotonic()  # show the exit, restart later
+                else:
+                    self._start(pod, sts)
+            elif pod in self.crashed and time.monotonic() - self.crashed[pod] > 1.0:
+                del self.crashed[pod]
+                self._start(pod, sts)
+            self._publish(pod, sts, pods.get(pod))
+
+    def _claim(self, sts: dict[str, Any], claim: str) -> dict[str, Any]:
+        template = sts["spec"]["volumeClaimTemplates"][0]
+        return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                "metadata": {"name": claim, "namespace": self.namespace,
+                             "resourceVersion": "1",
+                             "labels": template["metadata"].get("labels") or {}},
+                "spec": template["spec"]}
+
+    def _start(self, pod: str, sts: dict[str, Any]) -> None:
+        if pod not in self.addresses:
+            self.addresses[pod] = tuple(ports.allocate_ports(2, "127.0.0.1"))
+            self._write_urls()
+        container = sts["spec"]["template"]["spec"]["containers"][0]
+        env = self.resolve_env(pod, container.get("env") or [])
+        peer, client = self.addresses[pod]
+        data = self.root / f"data-{pod}"
+        data.mkdir(parents=True, exist_ok=True)
+        env.update({
+            "FLOTILLA_DATA_DIR": str(data / "data"),
+            "FLOTILLA_LISTEN_PEER": f"127.0.0.1:{peer}",
+            "FLOTILLA_LISTEN_CLIENT": f"127.0.0.1:{client}",
+            "FLOTILLA_ADVERTISE_PEER": f"http://127.0.0.1:{peer}",
+            "FLOTILLA_ADVERTISE_CLIENT": f"http://127.0.0.1:{client}",
+        })
+        log = open(self.root / f"{pod}.log", "ab")  # noqa: SIM115 (the process keeps it)
+        log.write(f"--- start {time.strftime('%H:%M:%S')}\n".encode())
+        argv = [sys.executable, "-m", "flotilla.node"]
+        base = {k: v for k, v in os.environ.items() if not k.startswith("FLOTILLA_")}
+        self.procs[pod] = subprocess.Popen(argv, env={**base, **env}, stdout=log,
+                                           stderr=subprocess.STDOUT, start_new_session=True)
+        self.started.append(pod)
+
+    def resolve_env(self, pod: str, env: list[dict[str, Any]]) -> dict[str, str]:
+        """The container env as the kubelet gives it: fieldRef metadata.name, secrets as
+        placeholders, `$(VAR)` from earlier variables; then cluster DNS names to loopback."""
+        out: dict[str, str] = {}
+        for var in env:
+            if "value" in var:
+                value = re.sub(r"\$\((\w+)\)", lambda m: out.get(m.group(1), m.group(0)),
+                               str(var["value"]))
+            elif var.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == \
+                    "metadata.name":
+                value = pod
+            else:
+                value = "from-a-secret"
+            out[var["name"]] = self._undns(value)
+        return out
+
+    def _undns(self, text: str) -> str:
+        def local(m: re.Match) -> str:
+            pod, port = m.group(1), m.group(2)
+            if pod not in self.addresses:
+                self.addresses[pod] = tuple(ports.allocate_ports(2, "127.0.0.1"))
+                self._write_urls()
+            peer, client = self.addresses[pod]
+            return f"http://127.0.0.1:{peer if port == '2380' else client}"
+        return _DNS.sub(local, text)
+
+    def _write_urls(self) -> None:
+        doc = {f"{self.namespace}/{pod}": {"peer": f"http://127.0.0.1:{peer}",
+                                           "client": f"http://127.0.0.1:{client}"}
+               for pod, (peer, client) in self.addresses.items()}
+        tmp = self.urls_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(doc))
+        os.replace(tmp, self.urls_file)
+
+    def _publish(self, pod: str, sts: dict[str, Any], current: dict[str, Any] | None) -> None:
+        proc = self.procs.get(pod)
+        alive = proc is not None and proc.poll() is None
+        ready = alive and self._ready(pod)
+        status: dict[str, Any] = {
+            "phase": "Running" if alive else "Pending",
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+            "containerStatuses": [{"name": "node", "ready": ready, "restartCount": 0,
+                                   "state": {"running": {}} if alive else {"waiting": {}},
+                                   **({"lastState": {"terminated": {"exitCode":
+                                                                    proc.returncode}}}
+                                      if proc is not None and not alive else {})}],
+        }
+        if current is None:
+            labels = sts["spec"]["template"]["metadata"].get("labels") or {}
+            self.api.create({"apiVersion": "v1", "kind": "Pod",
+                             "metadata": {"name": pod, "namespace": self.namespace,
+                                          "resourceVersion": "1", "labels": labels},
+                             "spec": sts["spec"]["template"]["spec"], "status": status})
+            self.published.add(pod)
+        elif current.get("status") != status:
+            self.api.patch("Pod", self.namespace, pod, {"status": status})
+
+    def _ready(self, pod: str) -> bool:
+        _, client = self.addresses[pod]
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{client}/readyz", timeout=0.5) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def _kill(self, pod: str, sig: signal.Signals) -> None:
+        proc = self.procs.pop(pod, None)
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+
+    def client_url(self, pod: str) -> str:
+        return f"http://127.0.0.1:{self.addresses[pod][1]}"
+
+    def log_tails(self, lines: int = 15) -> str:
+        out = []
+        for path in sorted(self.root.glob("*.log")):
+            text = path.read_text(errors="replace").splitlines()[-lines:]
+            out.append(f"--- {path.name}\n" + "\n".join(text))
+        return "\n".join(out)

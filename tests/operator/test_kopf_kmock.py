@@ -1,0 +1,237 @@
+"""`flotilla operator` (kopf, a real subprocess) against kmock's Kubernetes API, with real
+members: `tests/operator/kubelet.py` plays the StatefulSet controller and kubelet by running the
+pods of every StatefulSet as `flotilla node` processes started from the pod template's env.
+
+The story: apply a RaftCluster; the StatefulSet, both Services and the PDB appear with the right
+flags, env, ports, volumes and owner references; the members bootstrap from that env and the
+status says Ready. Scale to 5 and back to 3 through spec.replicas (what `kubectl scale` patches
+through the scale subresource): the Events show the steps in order (learners, catch-up, one
+joint change; leadership moved, one joint change, shrink, volumes by policy) and every
+acknowledged write is still there. Delete the RaftCluster: the finalizer takes a final snapshot
+into the archive before letting it go.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from flotilla.operator.members import MEMBER_URLS_ENV
+
+from flotilla.client import Client
+from tests.harness.polling import wait_for
+from tests.operator.kubelet import Kmock, Kubelet
+
+NS = "default"
+NAME = "demo"
+
+
+@pytest.fixture
+def world(tmp_path: Path):
+    server = Kmock().start()
+    api = server.api()
+    kubelet = Kubelet(api, NS, tmp_path).start()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLOTILLA_")}
+    env.update({"KUBECONFIG": str(server.kubeconfig(tmp_path / "kubeconfig")),
+                MEMBER_URLS_ENV: str(kubelet.urls_file), "PYTHONUNBUFFERED": "1"})
+    log = open(tmp_path / "operator.log", "wb")  # noqa: SIM115 (closed below)
+    operator = subprocess.Popen(
+        [sys.executable, "-m", "flotilla", "operator", "--all-namespaces", "--interval", "0.5",
+         "--default-image", "flotilla:test"], env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        yield server, api, kubelet, tmp_path
+    finally:
+        operator.terminate()
+        try:
+            operator.wait(15)
+        except subprocess.TimeoutExpired:
+            operator.kill()
+        log.close()
+        kubelet.stop()
+        server.stop()
+        print("--- operator log (tail)")
+        print("\n".join((tmp_path / "operator.log").read_text(errors="replace")
+                        .splitlines()[-40:]))
+        print(kubelet.log_tails(8))
+        if kubelet.errors:
+            print("kubelet errors:", kubelet.errors[:5])
+
+
+def raft_cluster(archive: str, replicas: int = 3) -> dict[str, Any]:
+    return {
+        "apiVersion": "flotilla.dev/v1alpha1", "kind": "RaftCluster",
+        "metadata": {"name": NAME, "namespace": NS, "uid": "0f1e2d3c-aaaa-bbbb-cccc-1234567890ab",
+                     "resourceVersion": "1", "generation": 1},
+        "spec": {"replicas": replicas, "timing": {"electionTimeoutMs": 500, "heartbeatMs": 50},
+                 "archive": {"url": archive, "intervalMs": 500},
+                 "snapshot": {"entries": 10000}},
+    }
+
+
+def get(api, kind: str, name: str = NAME) -> dict[str, Any] | None:
+    return api.get(kind, NS, name)
+
+
+def status_of(api) -> dict[str, Any]:
+    return (get(api, "RaftCluster") or {}).get("status") or {}
+
+
+def events(api) -> list[tuple[str, str, str]]:
+    """(type, reason, message) of the RaftCluster's events, oldest first."""
+    items = api.list("Event", NS, "")
+    items = [e for e in items if (e.get("involvedObject") or {}).get("kind") == "RaftCluster"]
+    items.sort(key=lambda e: (e.get("firstTimestamp") or e.get("eventTime") or "",
+                              e["metadata"].get("name", "")))
+    return [(e.get("type"), e.get("reason"), e.get("message") or e.get("note") or "")
+            for e in items]
+
+
+def wait_status(api, predicate: Callable[[dict[str, Any]], bool], what: str,
+                timeout: float = 60.0, kubelet: Kubelet | None = None) -> dict[str, Any]:
+    last: dict[str, Any] = {}
+
+    def check() -> bool:
+        nonlocal last
+        last = status_of(api)
+        return predicate(last)
+
+    try:
+        wait_for(check, timeout, what)
+    except Exception:
+        brief = {k: last.get(k) for k in ("phase", "replicas", "leader", "configuration",
+                                           "lastAction")}
+        raise AssertionError(f"{what}: last status {brief}\nevents {events(api)[-8:]}"
+                             + (f"\n{kubelet.log_tails(6)}" if kubelet else "")) from None
+    return last
+
+
+def env_of(sts: dict[str, Any]) -> dict[str, Any]:
+    container = sts["spec"]["template"]["spec"]["containers"][0]
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+def test_apply_scale_and_delete_a_raft_cluster(world):
+    _, api, kubelet, root = world
+    archive = (root / "archive").as_uri()
+    (root / "archive").mkdir()
+    api.create(raft_cluster(archive))
+
+    # 1. The owned objects, as rendered.
+    wait_for(lambda: get(api, "StatefulSet") is not None, 30, "the StatefulSet")
+    sts = get(api, "StatefulSet")
+    owner = sts["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"], owner["controller"]) == ("RaftCluster", NAME, True)
+    assert sts["spec"]["replicas"] == 3 and sts["spec"]["serviceName"] == "demo-peers"
+    assert sts["spec"]["updateStrategy"]["type"] == "OnDelete"
+    container = sts["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == "flotilla:test"
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {
+        "client": 2379, "peer": 2380}
+    env = env_of(sts)
+    assert env["FLOTILLA_INITIAL_CLUSTER_STATE"] == "new"
+    assert env["FLOTILLA_INITIAL_CLUSTER"] == ",".join(
+        f"demo-{i}=http://demo-{i}.demo-peers.default.svc:2380" for i in range(3))
+    assert env["FLOTILLA_ARCHIVE"] == archive
+    assert env["FLOTILLA_ELECTION_TIMEOUT_MS"] == "500"
+    assert env["FLOTILLA_SNAPSHOT_POLICY"] == "entries=10000"
+    assert env["FLOTILLA_CLUSTER_ID"].startswith("default-demo-")
+    assert sts["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "data"
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert env["FLOTILLA_DATA_DIR"].startswith(mounts["data"] + "/")
+    for kind, name in (("Service", "demo-peers"), ("Service", "demo"),
+                       ("PodDisruptionBudget", "demo")):
+        obj = wait_for(lambda k=kind, n=name: get(api, k, n), 10, f"{kind} {name}")
+        assert obj["metadata"]["ownerReferences"][0]["name"] == NAME
+    assert get(api, "Service", "demo-peers")["spec"]["clusterIP"] == "None"
+    assert get(api, "PodDisruptionBudget")["spec"]["minAvailable"] == 2
+
+    # 2. The members bootstrap from that env; the status says so.
+    status = wait_status(api, lambda s: s.get("phase") == "Ready" and s.get("replicas") == 3,
+                         "the cluster to be Ready with 3 voters", kubelet=kubelet)
+    assert status["configuration"] == {"voters": ["demo-0", "demo-1", "demo-2"],
+                                       "learners": [], "joint": False}
+    assert status["bootstrapped"] and status["leader"].startswith("demo-")
+    assert status["selector"] == "app.kubernetes.io/name=flotilla,app.kubernetes.io/instance=demo"
+    assert {c["type"]: c["status"] for c in status["conditions"]} == {
+        "Ready": "True", "Progressing": "False", "Degraded": "False", "Archiving": "True"}
+    wait_for(lambda: env_of(get(api, "StatefulSet"))["FLOTILLA_INITIAL_CLUSTER_STATE"]
+             == "existing", 10, "the template to turn to existing mode once bootstrapped")
+
+    acknowledged: dict[str, bytes] = {}
+    with Client([kubelet.client_url(f"demo-{i}") for i in range(3)], timeout=10) as c:
+        for i in range(50):
+            c.put(f"k{i}", f"v{i}".encode())
+            acknowledged[f"k{i}"] = f"v{i}".encode()
+
+    # 3. Scale up: what `kubectl scale raft/demo --replicas=5` patches.
+    seen = len(events(api))
+    api.patch("RaftCluster", NS, NAME, {"spec": {"replicas": 5}, "metadata": {"generation": 2}})
+    status = wait_status(api, lambda s: s.get("replicas") == 5 and s.get("phase") == "Ready",
+                         "5 voters", 90, kubelet)
+    assert status["configuration"]["joint"] is False and not status["configuration"]["learners"]
+    steps = [(reason, message.split(":")[0]) for kind, reason, message in events(api)[seen:]
+             if kind == "Normal" and reason != "Created"]
+    assert steps == [
+        ("Resized", "resize to 5"),
+        ("LearnerAdded", "add-learner demo-3"), ("LearnerAdded", "add-learner demo-4"),
+        ("VotersChanged", "change-voters to demo-0, demo-1, demo-2, demo-3, demo-4"),
+    ], steps
+    assert get(api, "PodDisruptionBudget")["spec"]["minAvailable"] == 3
+
+    # 4. Scale down with the leader among the members that leave.
+    with Client(kubelet.client_url("demo-0"), timeout=10) as c:
+        c.transfer_leader("demo-4")
+    seen = len(events(api))
+    api.patch("RaftCluster", NS, NAME, {"spec": {"replicas": 3}, "metadata": {"generation": 3}})
+    status = wait_status(api, lambda s: s.get("replicas") == 3 and s.get("phase") == "Ready"
+                         and get(api, "StatefulSet")["spec"]["replicas"] == 3
+                         and "delete-volume" not in s.get("lastAction", ""),
+                         "back to 3 voters", 90, kubelet)
+    wait_for(lambda: api.get("PersistentVolumeClaim", NS, "data-demo-3") is None
+             and api.get("PersistentVolumeClaim", NS, "data-demo-4") is None, 20,
+             "the removed members' claims to go (policy Delete)")
+    steps = [(reason, message.split(":")[0]) for kind, reason, message in events(api)[seen:]
+             if kind == "Normal" and reason != "Created"]
+    assert steps[0][0] == "LeadershipTransferred", steps
+    assert steps[1:] == [
+        ("VotersChanged", "change-voters to demo-0, demo-1, demo-2"),
+        ("Resized", "resize to 3"),
+        ("VolumeDeleted", "delete-volume demo-3"), ("VolumeDeleted", "delete-volume demo-4"),
+    ], steps
+    assert len(status["removedMembers"]) == 2
+    with Client([kubelet.client_url(f"demo-{i}") for i in range(3)], timeout=10) as c:
+        for key, value in acknowledged.items():
+            assert c.get(key).value == value
+        for i in range(3):
+            config = c.status(kubelet.client_url(f"demo-{i}"))["config"]
+            assert sorted(config["voters"]) == ["demo-0", "demo-1", "demo-2"]
+            assert config["joint"] is None and not config["learners"]
+
+    # 5. Delete: the finalizer ships a final snapshot first.
+    raft = get(api, "RaftCluster")
+    assert "flotilla.dev/final-snapshot" in raft["metadata"].get("finalizers", [])
+    before = set((root / "archive").rglob("*.snap"))
+    api.delete("RaftCluster", NS, NAME)
+    wait_for(lambda: get(api, "RaftCluster") is None, 30, "the RaftCluster to be deleted")
+    final = [m for _, reason, m in events(api) if reason == "Deleting"]
+    assert final and final[0].startswith("final snapshot at index"), events(api)[-5:]
+    assert set((root / "archive").rglob("*.snap")) - before, "no new snapshot in the archive"
+
+
+def test_an_invalid_spec_is_reported_and_nothing_is_created(world):
+    _, api, _, root = world
+    body = raft_cluster((root / "a").as_uri())
+    body["spec"]["timing"] = {"electionTimeoutMs": 100, "heartbeatMs": 80}
+    api.create(body)
+    status = wait_status(api, lambda s: s.get("phase") == "Invalid", "the Invalid phase", 30)
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "False" and "electionTimeoutMs" in ready["message"]
+    assert get(api, "StatefulSet") is None
+    time.sleep(1.5)  # three more rounds: the same problem is not announced again
+    assert [reason for _, reason, _ in events(api)] == ["InvalidSpec"]
