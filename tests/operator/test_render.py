@@ -287,9 +287,9 @@ def test_every_member_of_a_restore_starts_with_the_same_restore_flags(bootstrapp
     assert {cfg.name for cfg in configs} == set(RESTORE.member_names(3))
 
 
-def test_a_restore_from_index_zero_is_passed_on():
-    spec = ClusterSpec.from_body(body({"bootstrap": {"restore": {"url": "s3://b", "index": 0}}}))
-    assert node_config(spec, "demo-0").restore_index == 0
+def test_a_restore_from_the_first_index_is_passed_on():
+    spec = ClusterSpec.from_body(body({"bootstrap": {"restore": {"url": "s3://b", "index": 1}}}))
+    assert node_config(spec, "demo-0").restore_index == 1
 
 
 @pytest.mark.parametrize(
