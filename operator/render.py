@@ -221,6 +221,13 @@ def _container(spec: ClusterSpec, env: list[Manifest]) -> Manifest:
             "periodSeconds": 5,
             "failureThreshold": 3,
         },
+        # A member serves HTTP only once its data dir is recovered, or its first state
+        # restored from the archive: up to an hour before liveness applies.
+        "startupProbe": {
+            "httpGet": {"path": "/healthz", "port": "client"},
+            "periodSeconds": 10,
+            "failureThreshold": 360,
+        },
         "livenessProbe": {  # generous: a busy member (snapshot, catch-up) must not be killed
             "httpGet": {"path": "/healthz", "port": "client"},
             "periodSeconds": 10,

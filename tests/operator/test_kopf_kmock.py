@@ -78,8 +78,8 @@ def get(api, kind: str, name: str = NAME) -> dict[str, Any] | None:
     return api.get(kind, NS, name)
 
 
-def status_of(api) -> dict[str, Any]:
-    return (get(api, "RaftCluster") or {}).get("status") or {}
+def status_of(api, name: str = NAME) -> dict[str, Any]:
+    return (get(api, "RaftCluster", name) or {}).get("status") or {}
 
 
 def events(api) -> list[tuple[str, str, str]]:
@@ -93,12 +93,13 @@ def events(api) -> list[tuple[str, str, str]]:
 
 
 def wait_status(api, predicate: Callable[[dict[str, Any]], bool], what: str,
-                timeout: float = 60.0, kubelet: Kubelet | None = None) -> dict[str, Any]:
+                timeout: float = 60.0, kubelet: Kubelet | None = None,
+                name: str = NAME) -> dict[str, Any]:
     last: dict[str, Any] = {}
 
     def check() -> bool:
         nonlocal last
-        last = status_of(api)
+        last = status_of(api, name)
         return predicate(last)
 
     try:
@@ -235,3 +236,72 @@ def test_an_invalid_spec_is_reported_and_nothing_is_created(world):
     assert get(api, "StatefulSet") is None
     time.sleep(1.5)  # three more rounds: the same problem is not announced again
     assert [reason for _, reason, _ in events(api)] == ["InvalidSpec"]
+
+
+def ready_cluster(api, kubelet, body: dict[str, Any], replicas: int = 3) -> dict[str, Any]:
+    api.create(body)
+    return wait_status(api, lambda s: s.get("phase") == "Ready" and s.get("replicas") ==
+                       replicas, f"{body['metadata']['name']} Ready with {replicas} voters",
+                       60, kubelet, body["metadata"]["name"])
+
+
+def test_a_member_whose_volume_is_lost_is_removed_and_added_back(world):
+    _, api, kubelet, root = world
+    (root / "archive").mkdir()
+    ready_cluster(api, kubelet, raft_cluster((root / "archive").as_uri()))
+    with Client([kubelet.client_url(f"demo-{i}") for i in range(3)], timeout=10) as c:
+        for i in range(30):
+            c.put(f"k{i}", b"v")
+        leader = c.status()["name"]
+    victim = next(f"demo-{i}" for i in range(3) if f"demo-{i}" != leader)
+    old_uid = next(m["uid"] for m in status_of(api)["members"] if m["name"] == victim)
+    assert old_uid
+
+    # The node under it is gone: its claim and pod are deleted; it comes back empty.
+    seen = len(events(api))
+    api.delete("PersistentVolumeClaim", NS, f"data-{victim}")
+    api.delete("Pod", NS, victim)
+    status = wait_status(
+        api, lambda s: s.get("phase") == "Ready" and any(
+            m["name"] == victim and m["uid"] not in ("", old_uid) for m in s["members"])
+        and s["configuration"]["voters"] == ["demo-0", "demo-1", "demo-2"],
+        f"{victim} back as a voter with a new identity", 60, kubelet)
+    steps = [(reason, message.split(":")[0]) for kind, reason, message in events(api)[seen:]
+             if kind == "Normal" and reason != "Created"]
+    assert ("MemberRemoved", f"remove-member {victim}") in steps, steps
+    assert ("LearnerAdded", f"add-learner {victim}") in steps, steps
+    assert steps.index(("MemberRemoved", f"remove-member {victim}")) < steps.index(
+        ("LearnerAdded", f"add-learner {victim}")) < steps.index(
+        ("VotersChanged", "change-voters to demo-0, demo-1, demo-2")), steps
+    assert old_uid in {m["uid"] for m in status["removedMembers"]}
+    with Client(kubelet.client_url(victim), timeout=10) as c:
+        assert c.get("k29", consistency="serializable").value == b"v"
+
+
+def test_a_deleted_cluster_is_restored_from_its_archive(world):
+    _, api, kubelet, root = world
+    (root / "archive").mkdir()
+    archive = (root / "archive").as_uri()
+    ready_cluster(api, kubelet, raft_cluster(archive))
+    with Client([kubelet.client_url(f"demo-{i}") for i in range(3)], timeout=10) as c:
+        for i in range(40):
+            c.put(f"k{i}", f"v{i}".encode())
+
+    # Lose everything but the archive: the RaftCluster (final snapshot), its pods, its claims.
+    api.delete("RaftCluster", NS, NAME)
+    wait_for(lambda: get(api, "RaftCluster") is None, 30, "the RaftCluster to go")
+    for kind in ("StatefulSet", "PodDisruptionBudget"):  # kmock has no garbage collector
+        api.delete(kind, NS, NAME)
+    wait_for(lambda: not api.list("Pod", NS, ""), 20, "the pods to go")
+    for claim in api.list("PersistentVolumeClaim", NS, ""):
+        api.delete("PersistentVolumeClaim", NS, claim["metadata"]["name"])
+
+    body = raft_cluster(archive)
+    body["metadata"].update(name="restored", uid="11112222-aaaa-bbbb-cccc-1234567890ab")
+    body["spec"]["bootstrap"] = {"restore": {"url": archive}}
+    status = ready_cluster(api, kubelet, body)
+    assert status["clusterId"] != "default-demo-0f1e2d3c"
+    with Client([kubelet.client_url(f"restored-{i}") for i in range(3)], timeout=10) as c:
+        for i in range(40):
+            assert c.get(f"k{i}").value == f"v{i}".encode()
+        c.put("after", b"restore")
