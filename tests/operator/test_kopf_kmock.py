@@ -27,6 +27,7 @@ from flotilla.operator.members import MEMBER_URLS_ENV
 from flotilla.client import Client
 from tests.harness.polling import wait_for
 from tests.operator.kubelet import Kmock, Kubelet
+from tests.packaging.crdschema import CRDValidator, load_crd
 
 NS = "default"
 NAME = "demo"
@@ -83,11 +84,10 @@ def status_of(api, name: str = NAME) -> dict[str, Any]:
 
 
 def events(api) -> list[tuple[str, str, str]]:
-    """(type, reason, message) of the RaftCluster's events, oldest first."""
+    """(type, reason, message) of the RaftCluster's events, oldest first (kmock lists objects
+    in the order they were created; timestamps have one-second resolution)."""
     items = api.list("Event", NS, "")
     items = [e for e in items if (e.get("involvedObject") or {}).get("kind") == "RaftCluster"]
-    items.sort(key=lambda e: (e.get("firstTimestamp") or e.get("eventTime") or "",
-                              e["metadata"].get("name", "")))
     return [(e.get("type"), e.get("reason"), e.get("message") or e.get("note") or "")
             for e in items]
 
@@ -110,6 +110,19 @@ def wait_status(api, predicate: Callable[[dict[str, Any]], bool], what: str,
         raise AssertionError(f"{what}: last status {brief}\nevents {events(api)[-8:]}"
                              + (f"\n{kubelet.log_tails(6)}" if kubelet else "")) from None
     return last
+
+
+CRD = CRDValidator(load_crd(Path(__file__).resolve().parents[2] / "crds" / "raftcluster.yaml"),
+                   "v1alpha1")
+
+
+def assert_admitted(api, name: str = NAME) -> None:
+    """The status the operator wrote is one the API server would store as it is: nothing
+    pruned (an unknown field would silently lose the planner's memory), nothing refused."""
+    obj = get(api, "RaftCluster", name)
+    stored, errors = CRD.admit({"status": obj["status"]}, old=obj, subresource="status")
+    assert not errors, errors
+    assert stored["status"] == obj["status"]
 
 
 def env_of(sts: dict[str, Any]) -> dict[str, Any]:
@@ -158,6 +171,7 @@ def test_apply_scale_and_delete_a_raft_cluster(world):
     assert status["configuration"] == {"voters": ["demo-0", "demo-1", "demo-2"],
                                        "learners": [], "joint": False}
     assert status["bootstrapped"] and status["leader"].startswith("demo-")
+    assert_admitted(api)
     assert status["selector"] == "app.kubernetes.io/name=flotilla,app.kubernetes.io/instance=demo"
     assert {c["type"]: c["status"] for c in status["conditions"]} == {
         "Ready": "True", "Progressing": "False", "Degraded": "False", "Archiving": "True"}
@@ -184,6 +198,7 @@ def test_apply_scale_and_delete_a_raft_cluster(world):
         ("VotersChanged", "change-voters to demo-0, demo-1, demo-2, demo-3, demo-4"),
     ], steps
     assert get(api, "PodDisruptionBudget")["spec"]["minAvailable"] == 3
+    assert_admitted(api)
 
     # 4. Scale down with the leader among the members that leave.
     with Client(kubelet.client_url("demo-0"), timeout=10) as c:
@@ -206,6 +221,7 @@ def test_apply_scale_and_delete_a_raft_cluster(world):
         ("VolumeDeleted", "delete-volume demo-3"), ("VolumeDeleted", "delete-volume demo-4"),
     ], steps
     assert len(status["removedMembers"]) == 2
+    assert_admitted(api)
     with Client([kubelet.client_url(f"demo-{i}") for i in range(3)], timeout=10) as c:
         for key, value in acknowledged.items():
             assert c.get(key).value == value
@@ -274,6 +290,7 @@ def test_a_member_whose_volume_is_lost_is_removed_and_added_back(world):
         ("LearnerAdded", f"add-learner {victim}")) < steps.index(
         ("VotersChanged", "change-voters to demo-0, demo-1, demo-2")), steps
     assert old_uid in {m["uid"] for m in status["removedMembers"]}
+    assert_admitted(api)
     with Client(kubelet.client_url(victim), timeout=10) as c:
         assert c.get("k29", consistency="serializable").value == b"v"
 
