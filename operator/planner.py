@@ -27,6 +27,9 @@ The rules, in the order they are tried (the first that applies is the step):
    change makes them voters together. A slot that holds stale data (a removed member's old
    volume) is wiped first: a removed member never rejoins on its old data. A learner that
    has not caught up within the timeout is removed and added again (never promoted).
+6. Rolling restart (only once the membership is as asked): members whose pod runs an older
+   template than the StatefulSet's restart one at a time, each only when every member answers
+   and has caught up, followers first; leadership moves off the leader before its turn.
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ class Step(Enum):
     REMOVE_MEMBER = "remove-member"  # DELETE /v1/members/{member}
     RESET_VOLUME = "reset-volume"  # wipe `member`'s volume so its slot starts empty
     DELETE_VOLUME = "delete-volume"  # a removed slot's volume, by the Delete policy
+    RESTART_MEMBER = "restart-member"  # restart `member` on the current pod template
     DONE = "done"  # the configuration is exactly what was asked for
 
 
@@ -137,6 +141,7 @@ class Slot:
     status: Mapping[str, Any] | None = None  # its own GET /v1/status, None if it did not answer
     exit_code: int | None = None  # the last exit of its member process (crash loop), if any
     volume: bool = True  # its PVC / data dir exists
+    outdated: bool = False  # its pod runs an older template than the StatefulSet's
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +160,7 @@ class Observed:
 class Plan:
     action: Action
     record: Record  # to write back whatever the action's outcome
-    phase: str  # Bootstrapping, Ready, Scaling, Healing or Degraded
+    phase: str  # Bootstrapping, Ready, Scaling, Healing, Upgrading or Degraded
     degraded: str | None = None  # why the cluster is unhealthy, even while work goes on
     leader: str | None = None
     leader_status: Mapping[str, Any] | None = None
@@ -262,6 +267,28 @@ def plan(obs: Observed) -> Plan:
         target = tuple(sorted(voters | set(new_learners)))
         return done(Step.CHANGE_VOTERS, f"{', '.join(new_learners)} caught up and become "
                     "voters", "Scaling", voters=target)
+
+    # 6. roll members onto a new pod template, one at a time, the leader last.
+    outdated = [n for n in names[: obs.size] if slots[n].outdated and n in members]
+    if outdated:
+        behind = [n for n in sorted(members) if _status(slots.get(n)) is None
+                  or not caught_up(_match(progress, n), commit)]
+        if behind:
+            return done(Step.WAIT, f"rolling restart: waiting for {', '.join(behind)} to "
+                        "answer and catch up before the next restart", "Upgrading")
+        followers = [n for n in outdated if n != leader]
+        if followers:
+            return done(Step.RESTART_MEMBER, f"{followers[0]} runs an old pod template: "
+                        "restarted on the new one (followers first, one at a time)",
+                        "Upgrading", member=followers[0])
+        current = [n for n in sorted(voters) if n != leader and not slots[n].outdated]
+        if current:
+            target = max(current, key=lambda n: _match(progress, n) or 0)
+            return done(Step.TRANSFER_LEADER, f"the leader {leader} is the last on the old pod "
+                        f"template; leadership moves to {target} before it restarts",
+                        "Upgrading", member=target)
+        return done(Step.RESTART_MEMBER, f"{leader} runs an old pod template and is the only "
+                    "voter: restarted on the new one", "Upgrading", member=leader)
 
     if obs.delete_removed_volumes:
         for name in names[obs.size:]:

@@ -41,7 +41,9 @@ REASONS = {
     Step.REMOVE_MEMBER: "MemberRemoved",
     Step.RESET_VOLUME: "VolumeReset",
     Step.DELETE_VOLUME: "VolumeDeleted",
+    Step.RESTART_MEMBER: "MemberRestarted",
 }
+REVISION_LABEL = "controller-revision-hash"  # set on each pod by the StatefulSet controller
 _ORDINAL = re.compile(r"-(\d+)$")
 # What may change in an owned object after creation (the rest is immutable, or the API
 # server's to fill in).
@@ -87,8 +89,10 @@ def reconcile(kube: Kube, body: Mapping[str, Any], *, default_image: str,
     names = spec.member_names(max(spec.replicas, size, highest))
     running = [n for n in names if _running(pods.get(n))]
     statuses = members.statuses(running)
+    revision = ((sts or {}).get("status") or {}).get("updateRevision")
     slots = {n: Slot(running=n in running, status=statuses.get(n),
-                     exit_code=_exit_code(pods.get(n)), volume=_claim(n) in pvcs)
+                     exit_code=_exit_code(pods.get(n)), volume=_claim(n) in pvcs,
+                     outdated=_outdated(pods.get(n), revision))
              for n in names}
     result = plan(Observed(desired=spec.replicas, size=size, slots=slots, names=names,
                            record=record, now=now,
@@ -159,6 +163,10 @@ def _carry_out(kube: Kube, members: Members, spec: ClusterSpec, action: Any,
         kube.delete("Pod", spec.namespace, action.member)
     elif action.step is Step.DELETE_VOLUME:
         kube.delete("PersistentVolumeClaim", spec.namespace, _claim(action.member))
+    elif action.step is Step.RESTART_MEMBER:
+        # OnDelete: the StatefulSet controller makes the pod again from the current template,
+        # on the same volume.
+        kube.delete("Pod", spec.namespace, action.member)
     else:
         members.carry_out(action, running)
 
@@ -216,6 +224,12 @@ def _running(pod: Mapping[str, Any] | None) -> bool:
 def _ready(pod: Mapping[str, Any] | None) -> bool:
     conditions = ((pod or {}).get("status") or {}).get("conditions") or []
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def _outdated(pod: Mapping[str, Any] | None, revision: str | None) -> bool:
+    """Whether the pod was made from an older template than the StatefulSet's newest."""
+    labels = ((pod or {}).get("metadata") or {}).get("labels") or {}
+    return bool(revision and labels.get(REVISION_LABEL) not in (None, revision))
 
 
 def _exit_code(pod: Mapping[str, Any] | None) -> int | None:

@@ -15,6 +15,7 @@ through the FLOTILLA_OPERATOR_MEMBER_URLS file this writes.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import re
@@ -45,6 +46,12 @@ RESOURCES = {
 }
 VERBS = {"list", "watch", "get", "create", "patch", "delete"}
 _DNS = re.compile(r"http://([a-z0-9-]+)\.[a-z0-9-]+\.[a-z0-9-]+\.svc:(2379|2380)")
+
+
+def _revision(sts: dict[str, Any]) -> str:
+    """What the StatefulSet controller names a template revision: NAME-<hash of template>."""
+    digest = hashlib.sha256(json.dumps(sts["spec"]["template"], sort_keys=True).encode())
+    return f"{sts['metadata']['name']}-{digest.hexdigest()[:10]}"
 
 
 class Kmock:
@@ -149,6 +156,10 @@ class Kubelet:
         wanted: dict[str, dict[str, Any]] = {}
         for sts in sets:
             name = sts["metadata"]["name"]
+            revision = _revision(sts)
+            if (sts.get("status") or {}).get("updateRevision") != revision:
+                self.api.patch("StatefulSet", self.namespace, name,
+                               {"status": {"updateRevision": revision}})
             for i in range(int(sts["spec"].get("replicas") or 0)):
                 wanted[f"{name}-{i}"] = sts
         pods = {p["metadata"]["name"]: p for p in self.api.list("Pod", self.namespace, "")}
@@ -261,7 +272,8 @@ class Kubelet:
                                       if proc is not None and not alive else {})}],
         }
         if current is None:
-            labels = sts["spec"]["template"]["metadata"].get("labels") or {}
+            labels = {**(sts["spec"]["template"]["metadata"].get("labels") or {}),
+                      "controller-revision-hash": _revision(sts)}
             self.api.create({"apiVersion": "v1", "kind": "Pod",
                              "metadata": {"name": pod, "namespace": self.namespace,
                                           "resourceVersion": "1", "labels": labels},

@@ -13,9 +13,11 @@ into the archive before letting it go.
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -322,3 +324,55 @@ def test_a_deleted_cluster_is_restored_from_its_archive(world):
         for i in range(40):
             assert c.get(f"k{i}").value == f"v{i}".encode()
         c.put("after", b"restore")
+
+
+def test_a_template_change_rolls_members_one_at_a_time_leader_last(world):
+    _, api, kubelet, root = world
+    (root / "archive").mkdir()
+    ready_cluster(api, kubelet, raft_cluster((root / "archive").as_uri()))
+    urls = [kubelet.client_url(f"demo-{i}") for i in range(3)]
+    acknowledged: dict[str, bytes] = {}
+    stop = threading.Event()
+
+    def write() -> None:  # a client writing throughout the roll
+        with Client(urls, timeout=10) as c:
+            for i in itertools.count():
+                if stop.is_set():
+                    return
+                c.put(f"w{i}", b"x")
+                acknowledged[f"w{i}"] = b"x"
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    old_revision = get(api, "StatefulSet")["status"]["updateRevision"]
+    with Client(urls, timeout=10) as c:
+        leader = c.status()["name"]
+    seen = len(events(api))
+    api.patch("RaftCluster", NS, NAME, {"spec": {"timing": {"heartbeatMs": 60}},
+                                        "metadata": {"generation": 2}})
+
+    def rolled() -> bool:
+        sts = get(api, "StatefulSet")
+        revision = (sts.get("status") or {}).get("updateRevision")
+        pods = api.list("Pod", NS, "")
+        return (revision != old_revision and len(pods) == 3 and all(
+            p["metadata"]["labels"].get("controller-revision-hash") == revision for p in pods)
+            and status_of(api).get("phase") == "Ready")
+
+    wait_for(rolled, 90, "every pod on the new template and the cluster Ready")
+    stop.set()
+    writer.join(30)
+    assert env_of(get(api, "StatefulSet"))["FLOTILLA_HEARTBEAT_MS"] == "60"
+    steps = [(reason, message.split(":")[0]) for kind, reason, message in events(api)[seen:]
+             if kind == "Normal" and reason != "Created"]
+    restarts = [m.split()[-1] for r, m in steps if r == "MemberRestarted"]
+    assert sorted(restarts) == ["demo-0", "demo-1", "demo-2"], steps
+    assert restarts[-1] == leader, f"the leader {leader} must restart last: {steps}"
+    assert ("LeadershipTransferred" in [r for r, _ in steps]
+            and [r for r, _ in steps].index("LeadershipTransferred")
+            < [m.split()[-1] for _, m in steps].index(leader)), steps
+    assert kubelet.started.count(leader) == 2  # started, then restarted once
+    assert len(acknowledged) > 20
+    with Client(urls, timeout=10) as c:
+        for key, value in acknowledged.items():
+            assert c.get(key).value == value

@@ -45,6 +45,7 @@ class World:
     new_uid: dict[str, str] = field(default_factory=dict)  # member -> uid of a replaced volume
     exit3: list[str] = field(default_factory=list)  # slots crash-looping with exit 3
     volumes: list[str] = field(default_factory=list)  # extra slots with only a volume left
+    outdated: list[str] = field(default_factory=list)  # pods on an older template
     record: Record | None = None
     now: float = 1000.0
     retain: bool = False
@@ -67,7 +68,7 @@ class World:
                       "last_index": self.commit, "config": config}
             if name == self.leader:
                 status["members"] = progress
-            slots[name] = Slot(running=True, status=status)
+            slots[name] = Slot(running=True, status=status, outdated=name in self.outdated)
         for name in self.fresh:
             slots[name] = Slot(running=True, status=_fresh(name, uid(name) + "-new"))
         for name, old_uid in self.stale.items():
@@ -165,6 +166,22 @@ FLOWS = [
      Step.RESET_VOLUME, "n4"),
     ("old data the record does not know is still not rejoined",
      World(5, 5, V3, stale={"n4": "uid-unknown"}), Step.RESET_VOLUME, "n4"),
+    # --- rolling restart onto a new pod template
+    ("upgrade: followers first, one at a time", World(3, 3, V3, outdated=V3),
+     Step.RESTART_MEMBER, "n2"),
+    ("upgrade: a restarted member must be back and caught up first",
+     World(3, 3, V3, outdated=["n1", "n3"], down=["n2"]), Step.WAIT, None),
+    ("upgrade: ... and caught up", World(3, 3, V3, outdated=["n1", "n3"],
+                                         match={"n2": 100}), Step.WAIT, None),
+    ("upgrade: then the next follower", World(3, 3, V3, outdated=["n1", "n3"]),
+     Step.RESTART_MEMBER, "n3"),
+    ("upgrade: leadership moves off the leader before its turn",
+     World(3, 3, V3, outdated=["n1"]), Step.TRANSFER_LEADER, "n2"),
+    ("upgrade: the old leader, now a follower, restarts",
+     World(3, 3, V3, leader="n2", outdated=["n1"]), Step.RESTART_MEMBER, "n1"),
+    ("upgrade: a single voter just restarts", World(1, 1, ["n1"], outdated=["n1"]),
+     Step.RESTART_MEMBER, "n1"),
+    ("upgrade waits for a scale to finish", World(5, 3, V3, outdated=V3), Step.RESIZE, 5),
     # --- quorum loss
     ("quorum lost: 1 of 3 voters answers: Degraded, nothing destructive",
      World(3, 3, V3, leader=None, down=["n2", "n3"]), Step.WAIT, None),
