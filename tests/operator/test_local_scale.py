@@ -139,3 +139,20 @@ def test_a_member_whose_volume_is_lost_is_removed_and_added_back(cluster_dir: Pa
     assert old_uid in Record.from_json(cluster.state.record).removed
     with cluster.client(timeout=10) as c:
         assert c.get("k19").value == b"v"
+
+
+@pytest.mark.parametrize(("argv", "code", "says"), [
+    (["scale", "0"], 2, "expected a number >= 1"),
+    (["scale", "three"], 2, "expected a whole number"),
+    (["scale", "3"], 1, "no cluster in"),
+])
+def test_scale_refuses_bad_input_with_a_reason(tmp_path, capsys, argv, code, says):
+    assert cli_main([*argv, "--dir", str(tmp_path / "none")]) == code
+    assert says in capsys.readouterr().err
+
+
+def test_scale_of_a_stopped_cluster_says_how_to_start_it(cluster_dir: Path, capsys):
+    cluster, _ = local.up(cluster_dir, 1, **FAST)
+    cluster.stop(timeout=5)
+    assert cli_main(["scale", "3", "--dir", str(cluster_dir)]) == 1
+    assert "flotilla up --dir" in capsys.readouterr().err
