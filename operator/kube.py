@@ -29,6 +29,7 @@ _RESOURCES = {
     "PersistentVolumeClaim": ("/api/v1", "persistentvolumeclaims"),
     "Secret": ("/api/v1", "secrets"),
     "Event": ("/api/v1", "events"),
+    "ConfigMap": ("/api/v1", "configmaps"),
 }
 
 

@@ -48,6 +48,7 @@ _ORDINAL = re.compile(r"-(\d+)$")
 # What may change in an owned object after creation (the rest is immutable, or the API
 # server's to fill in).
 _MUTABLE = {
+    "ConfigMap": ("initial-cluster", "initial-cluster-state"),
     "StatefulSet": ("replicas", "template", "updateStrategy"),
     "Service": ("ports", "publishNotReadyAddresses"),
     "PodDisruptionBudget": ("minAvailable",),
@@ -178,10 +179,11 @@ def _ensure(kube: Kube, obj: Mapping[str, Any]) -> bool:
     if current is None:
         kube.create(obj)
         return True
-    wanted = {k: v for k, v in obj["spec"].items() if k in _MUTABLE[obj["kind"]]}
-    have = current.get("spec") or {}
+    section = "data" if obj["kind"] == "ConfigMap" else "spec"
+    wanted = {k: v for k, v in obj[section].items() if k in _MUTABLE[obj["kind"]]}
+    have = current.get(section) or {}
     changed = {k: v for k, v in wanted.items() if not _covers(have.get(k), v)}
-    patch: dict[str, Any] = {"spec": changed} if changed else {}
+    patch: dict[str, Any] = {section: changed} if changed else {}
     labels = meta.get("labels") or {}
     if any((current.get("metadata", {}).get("labels") or {}).get(k) != v
            for k, v in labels.items()):

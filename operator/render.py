@@ -43,12 +43,14 @@ def owned_objects(
     statefulset_replicas: int,
     voters: int | None = None,
 ) -> list[Manifest]:
-    """All four objects, in the order to create them (the StatefulSet names the peer Service).
+    """Every owned object, in the order to create them (the StatefulSet names the peer Service
+    and the bootstrap ConfigMap).
 
     `voters` sizes the PodDisruptionBudget: the voters of the committed configuration,
     spec.replicas when not given.
     """
     return [
+        bootstrap_config(spec, bootstrap_members, bootstrapped),
         peer_service(spec),
         client_service(spec),
         statefulset(spec, bootstrap_members, bootstrapped, statefulset_replicas),
@@ -121,8 +123,10 @@ def node_env(
         _value("FLOTILLA_LISTEN_CLIENT", f"0.0.0.0:{CLIENT_PORT}"),
         _value("FLOTILLA_ADVERTISE_PEER", spec.peer_url("$(FLOTILLA_NAME)")),
         _value("FLOTILLA_ADVERTISE_CLIENT", spec.client_url("$(FLOTILLA_NAME)")),
-        _value("FLOTILLA_INITIAL_CLUSTER", spec.initial_cluster(bootstrap_members) or None),
-        _value("FLOTILLA_INITIAL_CLUSTER_STATE", "existing" if bootstrapped else "new"),
+        # From the bootstrap ConfigMap, read when the container starts: the pod template stays
+        # the same when the cluster turns from `new` to `existing`, so that turn restarts no pod.
+        _config("FLOTILLA_INITIAL_CLUSTER", spec, "initial-cluster"),
+        _config("FLOTILLA_INITIAL_CLUSTER_STATE", spec, "initial-cluster-state"),
         _value("FLOTILLA_CLUSTER_ID", spec.cluster_id),
         _value("FLOTILLA_ELECTION_TIMEOUT_MS", spec.timing.election_timeout_ms),
         _value("FLOTILLA_HEARTBEAT_MS", spec.timing.heartbeat_ms),
@@ -147,6 +151,32 @@ def node_env(
         ]
     env.append(_secret("FLOTILLA_ADMIN_TOKEN", spec.admin_token))
     return [var for var in env if var is not None]
+
+
+def bootstrap_name(spec: ClusterSpec) -> str:
+    return f"{spec.name}-bootstrap"
+
+
+def bootstrap_config(spec: ClusterSpec, bootstrap_members: Sequence[str],
+                     bootstrapped: bool) -> Manifest:
+    """How a member with an empty volume starts: as a founding voter (`new`) until the cluster
+    has served, then `existing` (it waits to be added as a learner), so a pod whose volume is
+    lost never founds a second cluster with the first configuration."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(spec, bootstrap_name(spec)),
+        "data": {
+            "initial-cluster": spec.initial_cluster(bootstrap_members) if not bootstrapped
+            else "",
+            "initial-cluster-state": "existing" if bootstrapped else "new",
+        },
+    }
+
+
+def _config(name: str, spec: ClusterSpec, key: str) -> Manifest:
+    return {"name": name, "valueFrom": {"configMapKeyRef": {"name": bootstrap_name(spec),
+                                                             "key": key}}}
 
 
 def peer_service(spec: ClusterSpec) -> Manifest:

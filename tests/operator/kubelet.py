@@ -15,7 +15,10 @@ through the FLOTILLA_OPERATOR_MEMBER_URLS file this writes.
 from __future__ import annotations
 
 import asyncio
+import copy
+import datetime
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -26,9 +29,13 @@ import sys
 import threading
 import time
 import urllib.request
+import uuid
 from pathlib import Path
 from typing import Any
 
+import attrs
+import jsonpatch
+import jsonpointer
 import kmock
 from flotilla.operator.kube import Kube
 
@@ -43,6 +50,7 @@ RESOURCES = {
     "v1/pods": ("Pod", set()),
     "v1/persistentvolumeclaims": ("PersistentVolumeClaim", set()),
     "v1/secrets": ("Secret", set()),
+    "v1/configmaps": ("ConfigMap", set()),
 }
 VERBS = {"list", "watch", "get", "create", "patch", "delete"}
 _DNS = re.compile(r"http://([a-z0-9-]+)\.[a-z0-9-]+\.[a-z0-9-]+\.svc:(2379|2380)")
@@ -52,6 +60,62 @@ def _revision(sts: dict[str, Any]) -> str:
     """What the StatefulSet controller names a template revision: NAME-<hash of template>."""
     digest = hashlib.sha256(json.dumps(sts["spec"]["template"], sort_keys=True).encode())
     return f"{sts['metadata']['name']}-{digest.hexdigest()[:10]}"
+
+
+@attrs.define(kw_only=True)
+class ApiServer(kmock.KubernetesEmulator):
+    """kmock's emulator plus the metadata a real API server assigns and kopf relies on.
+
+    - A new `resourceVersion` on every create and patch. kmock stores what it is sent, and with
+      a constant version kopf's consistency check takes stale watch events for fresh ones and
+      runs handlers again on old bodies.
+    - A name from `generateName`, and `uid`, `creationTimestamp` and the namespace from the URL
+      on create.
+    - 201 for a create, and 422 (not 500) for a failed JSON-patch `test` operation, which kopf
+      treats as a conflict to retry.
+
+    `_handle` is private in kmock 0.8, but it is the only hook that runs before an object is
+    stored; the request is completed in place because kmock routes by request identity.
+    """
+
+    _versions: itertools.count = attrs.field(factory=lambda: itertools.count(2), init=False)
+
+    async def _serve_create(self, request: Any) -> Any:
+        return kmock.Response(status=201, payload=await super()._serve_create(request))
+
+    async def _handle(self, request: Any) -> Any:
+        self._complete(request)
+        try:
+            return await super()._handle(request)
+        except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException) as exc:
+            raise kmock.KubernetesError(status=422, reason="Invalid", message=str(exc)) from exc
+
+    def _complete(self, request: Any) -> None:
+        data = request.data
+        if request.resource is None:
+            return
+        if request.action == kmock.action.CREATE and isinstance(data, dict):
+            data = copy.deepcopy(data)
+            meta = data.setdefault("metadata", {})
+            if not meta.get("name") and meta.get("generateName"):
+                meta["name"] = f"{meta['generateName']}{uuid.uuid4().hex[:8]}"
+            if request.namespace and not meta.get("namespace"):
+                meta["namespace"] = request.namespace
+            meta.setdefault("uid", str(uuid.uuid4()))
+            meta.setdefault("creationTimestamp",
+                            datetime.datetime.now(datetime.UTC).isoformat())
+            meta["resourceVersion"] = str(next(self._versions))
+        elif request.action == kmock.action.UPDATE and isinstance(data, dict):  # merge patch
+            data = copy.deepcopy(data)
+            if not isinstance(data.get("metadata"), dict):
+                data["metadata"] = {}
+            data["metadata"]["resourceVersion"] = str(next(self._versions))
+        elif request.action == kmock.action.UPDATE and isinstance(data, list):  # JSON patch
+            data = [*data, {"op": "add", "path": "/metadata/resourceVersion",
+                            "value": str(next(self._versions))}]
+        else:
+            return
+        object.__setattr__(request, "data", data)
 
 
 class Kmock:
@@ -76,7 +140,7 @@ class Kmock:
 
     async def _serve(self) -> None:
         self._stop = asyncio.Event()
-        async with kmock.KubernetesEmulator() as k, kmock.Server(k) as server:
+        async with ApiServer() as k, kmock.Server(k) as server:
             for key, (kind, subresources) in RESOURCES.items():
                 k.resources[key] = dict(kind=kind, namespaced=True, verbs=VERBS,
                                         subresources=subresources)
@@ -196,7 +260,6 @@ class Kubelet:
         template = sts["spec"]["volumeClaimTemplates"][0]
         return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
                 "metadata": {"name": claim, "namespace": self.namespace,
-                             "resourceVersion": "1",
                              "labels": template["metadata"].get("labels") or {}},
                 "spec": template["spec"]}
 
@@ -235,6 +298,12 @@ class Kubelet:
             elif var.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == \
                     "metadata.name":
                 value = pod
+            elif "configMapKeyRef" in var.get("valueFrom", {}):
+                ref = var["valueFrom"]["configMapKeyRef"]
+                config = self.api.get("ConfigMap", self.namespace, ref["name"])
+                if config is None:
+                    raise RuntimeError(f"{pod}: ConfigMap {ref['name']} not found")
+                value = config["data"][ref["key"]]
             else:
                 value = "from-a-secret"
             out[var["name"]] = self._undns(value)
@@ -276,7 +345,7 @@ class Kubelet:
                       "controller-revision-hash": _revision(sts)}
             self.api.create({"apiVersion": "v1", "kind": "Pod",
                              "metadata": {"name": pod, "namespace": self.namespace,
-                                          "resourceVersion": "1", "labels": labels},
+                                          "labels": labels},
                              "spec": sts["spec"]["template"]["spec"], "status": status})
             self.published.add(pod)
         elif current.get("status") != status:

@@ -70,7 +70,7 @@ def raft_cluster(archive: str, replicas: int = 3) -> dict[str, Any]:
     return {
         "apiVersion": "flotilla.dev/v1alpha1", "kind": "RaftCluster",
         "metadata": {"name": NAME, "namespace": NS, "uid": "0f1e2d3c-aaaa-bbbb-cccc-1234567890ab",
-                     "resourceVersion": "1", "generation": 1},
+                     "generation": 1},
         "spec": {"replicas": replicas, "timing": {"electionTimeoutMs": 500, "heartbeatMs": 50},
                  "archive": {"url": archive, "intervalMs": 500},
                  "snapshot": {"entries": 10000}},
@@ -150,9 +150,11 @@ def test_apply_scale_and_delete_a_raft_cluster(world):
     assert {p["name"]: p["containerPort"] for p in container["ports"]} == {
         "client": 2379, "peer": 2380}
     env = env_of(sts)
-    assert env["FLOTILLA_INITIAL_CLUSTER_STATE"] == "new"
-    assert env["FLOTILLA_INITIAL_CLUSTER"] == ",".join(
-        f"demo-{i}=http://demo-{i}.demo-peers.default.svc:2380" for i in range(3))
+    bootstrap = {"configMapKeyRef": {"name": "demo-bootstrap", "key": "initial-cluster-state"}}
+    assert env["FLOTILLA_INITIAL_CLUSTER_STATE"] == bootstrap
+    assert get(api, "ConfigMap", "demo-bootstrap")["data"] == {
+        "initial-cluster-state": "new", "initial-cluster": ",".join(
+            f"demo-{i}=http://demo-{i}.demo-peers.default.svc:2380" for i in range(3))}
     assert env["FLOTILLA_ARCHIVE"] == archive
     assert env["FLOTILLA_ELECTION_TIMEOUT_MS"] == "500"
     assert env["FLOTILLA_SNAPSHOT_POLICY"] == "entries=10000"
@@ -177,8 +179,9 @@ def test_apply_scale_and_delete_a_raft_cluster(world):
     assert status["selector"] == "app.kubernetes.io/name=flotilla,app.kubernetes.io/instance=demo"
     assert {c["type"]: c["status"] for c in status["conditions"]} == {
         "Ready": "True", "Progressing": "False", "Degraded": "False", "Archiving": "True"}
-    wait_for(lambda: env_of(get(api, "StatefulSet"))["FLOTILLA_INITIAL_CLUSTER_STATE"]
-             == "existing", 10, "the template to turn to existing mode once bootstrapped")
+    wait_for(lambda: get(api, "ConfigMap", "demo-bootstrap")["data"]["initial-cluster-state"]
+             == "existing", 10, "empty volumes to start `existing` once bootstrapped")
+    assert get(api, "StatefulSet")["spec"]["template"] == sts["spec"]["template"]
 
     acknowledged: dict[str, bytes] = {}
     with Client([kubelet.client_url(f"demo-{i}") for i in range(3)], timeout=10) as c:

@@ -37,7 +37,7 @@ def objects(spec: ClusterSpec, bootstrapped: bool = False) -> list[dict[str, Any
     return render.owned_objects(spec, members, bootstrapped, spec.replicas)
 
 
-def pod_env(statefulset: dict[str, Any], pod: str) -> dict[str, str]:
+def pod_env(statefulset: dict[str, Any], pod: str, config: dict[str, Any]) -> dict[str, str]:
     """The node container's environment as the kubelet resolves it for pod `pod`: variables in
     order, $(VAR) expanded from those defined before it, $$ an escaped $."""
     env: dict[str, str] = {}
@@ -54,6 +54,10 @@ def pod_env(statefulset: dict[str, Any], pod: str) -> dict[str, str]:
             field = var["valueFrom"]["fieldRef"]["fieldPath"]
             env[var["name"]] = {"metadata.name": pod,
                                 "metadata.namespace": statefulset["metadata"]["namespace"]}[field]
+        elif "configMapKeyRef" in var["valueFrom"]:
+            ref = var["valueFrom"]["configMapKeyRef"]
+            assert ref["name"] == config["metadata"]["name"], ref
+            env[var["name"]] = config["data"][ref["key"]]
         else:
             ref = var["valueFrom"]["secretKeyRef"]
             env[var["name"]] = SECRETS[(ref["name"], ref["key"])]
@@ -61,9 +65,10 @@ def pod_env(statefulset: dict[str, Any], pod: str) -> dict[str, str]:
 
 
 def node_config(spec: ClusterSpec, pod: str, bootstrapped: bool = False) -> NodeConfig:
-    statefulset = render.statefulset(spec, spec.member_names(spec.replicas), bootstrapped,
-                                     spec.replicas)
-    return parse([], pod_env(statefulset, pod))
+    members = spec.member_names(spec.replicas)
+    statefulset = render.statefulset(spec, members, bootstrapped, spec.replicas)
+    config = render.bootstrap_config(spec, members, bootstrapped)
+    return parse([], pod_env(statefulset, pod, config))
 
 
 def by_kind(objs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
@@ -97,9 +102,10 @@ def test_the_budget_follows_the_committed_voters_not_the_spec():
     assert by_kind(objs, "StatefulSet")["spec"]["replicas"] == 5
 
 
-def test_the_four_objects_and_their_names():
+def test_the_owned_objects_and_their_names():
     assert [(o["kind"], o["metadata"]["name"]) for o in objects(BASIC)] == [
-        ("Service", "demo-peers"), ("Service", "demo"), ("StatefulSet", "demo"),
+        ("ConfigMap", "demo-bootstrap"), ("Service", "demo-peers"), ("Service", "demo"),
+        ("StatefulSet", "demo"),
         ("PodDisruptionBudget", "demo"),
     ]
 
@@ -248,9 +254,20 @@ def test_the_node_reads_the_basic_pod_env(pod):
 def test_after_bootstrap_pods_start_existing():
     assert node_config(BASIC, "demo-1", bootstrapped=True).initial_cluster_state == "existing"
     late = render.statefulset(BASIC, BASIC.member_names(3), True, 5)
-    cfg = parse([], pod_env(late, "demo-4"))
+    config = render.bootstrap_config(BASIC, [], True)
+    cfg = parse([], pod_env(late, "demo-4", config))
     assert (cfg.name, cfg.initial_cluster_state) == ("demo-4", "existing")
-    assert cfg.initial_cluster == {m: BASIC.peer_url(m) for m in BASIC.member_names(3)}
+
+
+def test_turning_to_existing_leaves_the_pod_template_alone():
+    """The turn happens in the ConfigMap, read at container start: a template change would
+    have the operator restart every member right after bootstrap."""
+    members = BASIC.member_names(3)
+    before = render.statefulset(BASIC, members, False, 3)["spec"]["template"]
+    after = render.statefulset(BASIC, [], True, 3)["spec"]["template"]
+    assert before == after
+    assert render.bootstrap_config(BASIC, members, False)["data"] != render.bootstrap_config(
+        BASIC, [], True)["data"]
 
 
 def test_the_node_reads_the_full_pod_env():
@@ -270,7 +287,8 @@ def test_the_node_reads_the_full_pod_env():
 
 def test_the_aws_credentials_reach_the_environment_boto3_reads():
     statefulset = render.statefulset(FULL, FULL.member_names(5), False, 5)
-    env = pod_env(statefulset, "demo-0")
+    env = pod_env(statefulset, "demo-0", render.bootstrap_config(FULL, FULL.member_names(5),
+                                                                 False))
     assert (env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"]) == ("AKIA-test", "s3-secret")
 
 

@@ -44,6 +44,7 @@ EXPECTED_RULES: dict[tuple[str, str], set[str]] = {
     ("", "pods"): {"get", "list", "watch", "delete"},
     ("", "persistentvolumeclaims"): {"get", "list", "watch", "delete"},
     ("", "secrets"): {"get"},
+    ("", "configmaps"): {"get", "list", "watch", "create", "patch"},
     ("", "events"): {"create", "patch"},
     ("events.k8s.io", "events"): {"create"},
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
