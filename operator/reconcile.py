@@ -51,7 +51,7 @@ _MUTABLE = {
     "ConfigMap": ("initial-cluster", "initial-cluster-state"),
     "StatefulSet": ("replicas", "template", "updateStrategy"),
     "Service": ("ports", "publishNotReadyAddresses"),
-    "PodDisruptionBudget": ("minAvailable",),
+    "PodDisruptionBudget": ("maxUnavailable",),
 }
 
 
@@ -103,7 +103,11 @@ def reconcile(kube: Kube, body: Mapping[str, Any], *, default_image: str,
     action = result.action
     events: list[tuple[str, str, str]] = []
     lead = result.leader_status or {}
-    voters = list((lead.get("config") or {}).get("voters") or [])
+    config = lead.get("config") or {}
+    voters = list(config.get("voters") or [])
+    joint = config.get("joint") or {}
+    # While joint, both voter sets must keep a quorum: the smaller one bounds the budget.
+    fewest = min([len(voters), *(len(joint[k]) for k in ("old", "new") if joint.get(k))])
 
     # The owned objects, created or brought in line (never resized here but by a step).
     target_size = action.size if action.step is Step.RESIZE else size
@@ -111,7 +115,7 @@ def reconcile(kube: Kube, body: Mapping[str, Any], *, default_image: str,
     # After bootstrap --initial-cluster is inert (every pod starts `existing`): left out.
     bootstrap = names[:target_size] if not bootstrapped else []
     for obj in render.owned_objects(spec, bootstrap, bootstrapped, target_size,
-                                    voters=len(voters) or spec.replicas):
+                                    voters=fewest or spec.replicas):
         created = _ensure(kube, obj)
         if created:
             events.append(("Normal", "Created", f"{obj['kind']} {obj['metadata']['name']}"))

@@ -210,13 +210,18 @@ def client_service(spec: ClusterSpec) -> Manifest:
 
 
 def pod_disruption_budget(spec: ClusterSpec, voters: int) -> Manifest:
-    """Voluntary evictions (drains) keep a quorum of the voters running."""
+    """Voluntary evictions (drains) keep a quorum of the voters running.
+
+    As `maxUnavailable`, the voters' fault tolerance, rather than `minAvailable`: the budget
+    counts every pod, learners too, so "at least a quorum of pods" would let a drain take
+    voters down while learners stay up. At most (voters - 1) // 2 pods of any kind may be
+    down at once, so however they are spread, a quorum of voters runs."""
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
         "metadata": _metadata(spec, spec.name),
         "spec": {
-            "minAvailable": spec.quorum(voters),
+            "maxUnavailable": (voters - 1) // 2,
             "selector": {"matchLabels": spec.selector_labels},
         },
     }

@@ -200,7 +200,7 @@ class ClusterSpec:
 
     @staticmethod
     def quorum(n: int) -> int:
-        """A majority of n voters: what must stay up (the PDB's minAvailable)."""
+        """A majority of n voters: what must stay up."""
         return n // 2 + 1
 
 

@@ -167,7 +167,7 @@ def test_apply_scale_and_delete_a_raft_cluster(world):
         obj = wait_for(lambda k=kind, n=name: get(api, k, n), 10, f"{kind} {name}")
         assert obj["metadata"]["ownerReferences"][0]["name"] == NAME
     assert get(api, "Service", "demo-peers")["spec"]["clusterIP"] == "None"
-    assert get(api, "PodDisruptionBudget")["spec"]["minAvailable"] == 2
+    assert get(api, "PodDisruptionBudget")["spec"]["maxUnavailable"] == 1
 
     # 2. The members bootstrap from that env; the status says so.
     status = wait_status(api, lambda s: s.get("phase") == "Ready" and s.get("replicas") == 3,
@@ -202,7 +202,7 @@ def test_apply_scale_and_delete_a_raft_cluster(world):
         ("LearnerAdded", "add-learner demo-3"), ("LearnerAdded", "add-learner demo-4"),
         ("VotersChanged", "change-voters to demo-0, demo-1, demo-2, demo-3, demo-4"),
     ], steps
-    assert get(api, "PodDisruptionBudget")["spec"]["minAvailable"] == 3
+    assert get(api, "PodDisruptionBudget")["spec"]["maxUnavailable"] == 2
     assert_admitted(api)
 
     # 4. Scale down with the leader among the members that leave.

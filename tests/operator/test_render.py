@@ -86,19 +86,22 @@ def test_every_object_passes_the_kubernetes_schema_strictly(name, bootstrapped):
         kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
 
 
-@pytest.mark.parametrize(("replicas", "min_available"), [(1, 1), (3, 2), (5, 3)])
-def test_replicas_and_the_disruption_budget_keep_a_quorum(replicas, min_available):
+@pytest.mark.parametrize(("replicas", "max_unavailable"), [(1, 0), (2, 0), (3, 1), (4, 1),
+                                                          (5, 2)])
+def test_replicas_and_the_disruption_budget_keep_a_quorum(replicas, max_unavailable):
     spec = ClusterSpec.from_body(body({"replicas": replicas}))
     objs = objects(spec)
     for obj in objs:
         kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
     assert by_kind(objs, "StatefulSet")["spec"]["replicas"] == replicas
-    assert by_kind(objs, "PodDisruptionBudget")["spec"]["minAvailable"] == min_available
+    assert by_kind(objs, "PodDisruptionBudget")["spec"]["maxUnavailable"] == max_unavailable
+    # however many pods are down (at most that many), a quorum of the voters is up
+    assert replicas - max_unavailable >= spec.quorum(replicas)
 
 
 def test_the_budget_follows_the_committed_voters_not_the_spec():
-    objs = render.owned_objects(BASIC, BASIC.member_names(3), True, 5, voters=5)
-    assert by_kind(objs, "PodDisruptionBudget")["spec"]["minAvailable"] == 3
+    objs = render.owned_objects(BASIC, BASIC.member_names(3), True, 5, voters=3)
+    assert by_kind(objs, "PodDisruptionBudget")["spec"]["maxUnavailable"] == 1
     assert by_kind(objs, "StatefulSet")["spec"]["replicas"] == 5
 
 
