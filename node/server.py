@@ -39,6 +39,8 @@ from flotilla.node.storage import (
     SnapshotStore,
     StorageError,
     StoredSnapshot,
+    read_admission,
+    write_admission,
 )
 
 from . import restore
@@ -165,6 +167,16 @@ class NodeServer:
             heartbeat_ticks=1,
         )
         self.core = RaftCore(cfg.name, settings, recovered)
+        # A member that starts empty to be added (`existing`) votes only once the cluster is
+        # known to count it as new: if its disk was lost, it may still count it as a voter.
+        admission = read_admission(self.datadir.path)
+        if admission is None and self.datadir.created and cfg.initial_cluster_state == \
+                "existing" and not interrupted:
+            self.core.await_admission()
+            write_admission(self.datadir.path, self.core.admission, fsync=cfg.fsync)
+        elif admission is not None:
+            self.core.await_admission(admission)
+        self._admission_saved = self.core.admission
         self.archiver = None
         if cfg.archive:
             archive = open_archive(cfg.archive, endpoint=cfg.s3_endpoint, region=cfg.s3_region,
@@ -375,6 +387,16 @@ class NodeServer:
             if fut is not None and not fut.done():
                 fut.set_exception(Unavailable("no leader could confirm the read; retry"))
         self._release_waiters()
+        if core.admission != self._admission_saved:
+            await asyncio.to_thread(write_admission, self.datadir.path, core.admission,
+                                    fsync=self.cfg.fsync)
+            if core.admission is None:
+                log.info("admitted: this member votes from now on")
+            else:
+                log.warning("this member started empty but the cluster counts it as a voter "
+                            "(its disk was lost?): it will not vote until it is removed and "
+                            "added back as a learner")
+            self._admission_saved = core.admission
         core.advance(rd)
         self._maybe_snapshot()
 
@@ -617,6 +639,10 @@ class NodeServer:
             # Random per data dir: a member whose volume was replaced, or a removed member back
             # on its old volume, is told apart from the member the cluster knew by this alone.
             "member_uid": self.datadir.identity.member_uid,
+            # null, or why this member does not vote yet: "undecided" (it started empty and
+            # has not yet read the configuration it was added by) or "fenced" (the cluster
+            # counts it as a voter although it started empty: remove it and add it back).
+            "admission": core.admission[0] if core.admission is not None else None,
             "role": self.role(),
             "term": core.term,
             "leader": core.leader,

@@ -204,7 +204,7 @@ def plan(obs: Observed) -> Plan:
 
     # 3. members whose data is gone or unusable leave the configuration first.
     for name in sorted(members):
-        problem = _broken(name, slots.get(name), record)
+        problem = _broken(name, slots.get(name), record, name in voters)
         if problem is None:
             continue
         if voters == {name}:
@@ -251,7 +251,10 @@ def plan(obs: Observed) -> Plan:
 
     new_learners = sorted(learners & desired)
     if new_learners:
-        behind = [n for n in new_learners if not caught_up(_match(progress, n), commit)]
+        # Caught up, and admitted: a learner whose node has not yet read the configuration
+        # that added it would be a voter that does not vote.
+        behind = [n for n in new_learners if not caught_up(_match(progress, n), commit)
+                  or (_status(slots.get(n)) or {}).get("admission")]
         for name in behind:
             track = record.catch_up.get(name)
             if (track is not None and track.since is not None
@@ -325,12 +328,15 @@ def _match(progress: Mapping[str, Any], name: str) -> int | None:
     return int(match) if match is not None else None
 
 
-def _broken(name: str, slot: Slot | None, record: Record) -> str | None:
+def _broken(name: str, slot: Slot | None, record: Record, voter: bool) -> str | None:
     """Why `name`, a member of the configuration, can never serve on its volume again."""
     status = _status(slot)
     known = record.uids.get(name)
     if status is not None and known and status.get("member_uid") not in (None, known):
         return "came back on a new, empty volume (its member_uid changed)"
+    if status is not None and voter and status.get("admission"):
+        return ("started empty although the cluster counts it as a voter (its volume was "
+                "lost), so it does not vote")
     if status is None and slot is not None and slot.exit_code == EXIT_BAD_DATA_DIR:
         return "will not start on its data dir (it exits 3: corrupt, or not its own)"
     return None

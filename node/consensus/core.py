@@ -70,6 +70,11 @@ class InvalidMembership(ProposalError, ValueError):
     pass
 
 
+# Admission states of a member that started empty (see Core.await_admission).
+UNDECIDED = "undecided"
+FENCED = "fenced"
+
+
 @dataclass(frozen=True)
 class Settings:
     """Tunables of one member. Ticks are the caller's unit of time (the node uses one tick per
@@ -104,6 +109,9 @@ class RaftCore:
         self.vote = recovered.hard_state.vote
         self.role = Role.FOLLOWER
         self.leader: str | None = None
+        # See `await_admission`: None, or (UNDECIDED, the leader commit to read the configuration
+        # at; -1 until an append says it) or (FENCED, 0).
+        self.admission: tuple[str, int] | None = None
         self.progress: dict[str, Progress] = {}
         self.votes: dict[str, bool] = {}
         self.election_elapsed = 0
@@ -283,7 +291,7 @@ class RaftCore:
 
     def _on_vote(self, m: Message) -> None:
         pre = m.type is MT.PREVOTE
-        can_vote = (
+        can_vote = self.admission is None and (
             self.vote == m.frm
             or (self.vote is None and self.leader is None)
             or (pre and m.term > self.term)
@@ -321,8 +329,11 @@ class RaftCore:
             self._send(Message(MT.APPEND_RESP, to=m.frm, frm=self.name, term=self.term,
                                index=log.committed))
             return
+        if self.admission == (UNDECIDED, -1):
+            self.admission = (UNDECIDED, m.commit)  # the leader's commit index at first contact
         last_new = log.maybe_append(m.index, m.log_term, m.commit, m.entries)
         if last_new is not None:
+            self._review_admission()
             self._send(Message(MT.APPEND_RESP, to=m.frm, frm=self.name, term=self.term,
                                index=last_new))
             return
@@ -355,6 +366,9 @@ class RaftCore:
         else:
             log.restore(m.snapshot)
             index = meta.index
+        if self.admission == (UNDECIDED, -1):
+            self.admission = (UNDECIDED, meta.index)
+        self._review_admission()
         self._send(Message(MT.APPEND_RESP, to=m.frm, frm=self.name, term=self.term, index=index))
 
     def _on_timeout_now(self, m: Message) -> None:
@@ -613,6 +627,40 @@ class RaftCore:
                 pr.recent_active = True
             self.progress[name] = pr
 
+    # --- admission of a member that starts empty ---------------------------------------------
+
+    def await_admission(self, state: tuple[str, int] | None = (UNDECIDED, -1)) -> None:
+        """Neither vote nor campaign until this member is known to be new to the cluster.
+
+        For a member that starts with an empty log and waits to be added (the caller's
+        `existing` mode). If its disk was lost, the cluster may still count it as the voter it
+        was, and with an empty log it would vote for any candidate, one that lacks entries the
+        lost disk held included: a committed write could be lost. A genuinely new member is
+        only ever added as a learner, so the configuration as of the leader's commit index at
+        first contact tells the two apart: a learner (or absent) is new and is admitted; a
+        voter came back without its disk and stays fenced until it has been removed and added
+        back, which it sees as a configuration naming it a learner. (A fenced voter that never
+        is stays out of elections for good: a liveness cost, never a safety one.)
+
+        `state` restores what `admission` held before a restart (the caller persists it).
+        """
+        self.admission = state
+
+    def _review_admission(self) -> None:
+        if self.admission is None:
+            return
+        state, commit = self.admission
+        log = self.log
+        if state == UNDECIDED:
+            if commit < 0 or log.last_index() < commit:
+                return  # the log has not reached the configuration to judge by yet
+            if not log.membership_at(max(commit, log.offset)).can_vote(self.name):
+                self.admission = None
+                return
+            self.admission = (FENCED, 0)
+        if self.name in log.membership().learners:
+            self.admission = None  # removed and added back since: new to the cluster
+
     def _promotable(self) -> bool:
         """Whether this member may start an election.
 
@@ -624,7 +672,7 @@ class RaftCore:
         configuration without this member commits, it stops campaigning for good.
         """
         log = self.log
-        if log.pending_snapshot is not None:
+        if log.pending_snapshot is not None or self.admission is not None:
             return False
         return (log.membership().can_vote(self.name)
                 or log.membership_at(log.committed).can_vote(self.name))

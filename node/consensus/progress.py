@@ -100,7 +100,13 @@ class Progress:
             return True
         if self.next - 1 != rejected:
             return False
-        self.next = max(min(rejected, hint + 1), self.match + 1, 1)
+        next_ = max(min(rejected, hint + 1), self.match + 1, 1)
+        if next_ == self.next:
+            # Rejected just after what it acknowledged: it holds less than it did (its disk was
+            # lost). Nothing lower may be sent, and sending the same again at once would only
+            # be rejected again, as fast as the network allows: wait for the next heartbeat.
+            return False
+        self.next = next_
         self.probe_sent = False
         return True
 

@@ -8,7 +8,7 @@ compares `SnapshotStore.latest()` with `recover().snapshot`: a store snapshot ne
 log's start (a crash between those two steps) is installed again.
 """
 
-from .datadir import DataDir, Identity
+from .datadir import DataDir, Identity, read_admission, write_admission
 from .errors import (
     CompactedError,
     CorruptDataError,
@@ -41,4 +41,6 @@ __all__ = [
     "StorageFailedError",
     "StoredSnapshot",
     "UnavailableError",
+    "read_admission",
+    "write_admission",
 ]

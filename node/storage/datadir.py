@@ -117,3 +117,31 @@ def _text(document: dict, key: str) -> str:
     if not isinstance(value, str) or not value:
         raise ValueError(f"{key!r} is missing or not a string")
     return value
+
+
+ADMISSION_FILE = "admission.json"
+
+
+def read_admission(root: Path) -> tuple[str, int] | None:
+    """The admission state of a member that started empty (see RaftCore.await_admission), or
+    None once it was admitted (or never needed to be)."""
+    path = root / ADMISSION_FILE
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    try:
+        document = json.loads(raw)
+        return (_text(document, "state"), int(document["commit"]))
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CorruptDataError(path, 0, f"admission file does not parse ({exc})") from exc
+
+
+def write_admission(root: Path, state: tuple[str, int] | None, *, fsync: bool = True) -> None:
+    """Record the admission state durably; None removes the record."""
+    path = root / ADMISSION_FILE
+    if state is None:
+        path.unlink(missing_ok=True)
+        return
+    document = {"state": state[0], "commit": state[1]}
+    write_atomic(path, json.dumps(document).encode() + b"\n", fsync=fsync)

@@ -46,6 +46,7 @@ class World:
     exit3: list[str] = field(default_factory=list)  # slots crash-looping with exit 3
     volumes: list[str] = field(default_factory=list)  # extra slots with only a volume left
     outdated: list[str] = field(default_factory=list)  # pods on an older template
+    fenced: list[str] = field(default_factory=list)  # members whose node awaits admission
     record: Record | None = None
     now: float = 1000.0
     retain: bool = False
@@ -65,7 +66,8 @@ class World:
                       "role": "leader" if name == self.leader else (
                           "learner" if name in self.learners else "follower"),
                       "term": self.term, "leader": self.leader, "commit_index": self.commit,
-                      "last_index": self.commit, "config": config}
+                      "last_index": self.commit, "config": config,
+                      "admission": "fenced" if name in self.fenced else None}
             if name == self.leader:
                 status["members"] = progress
             slots[name] = Slot(running=True, status=status, outdated=name in self.outdated)
@@ -157,6 +159,11 @@ FLOWS = [
      Step.ADD_LEARNER, "n3"),
     ("and promoted once caught up", World(3, 3, ["n1", "n2"], learners=["n3"]),
      Step.CHANGE_VOTERS, tuple(V3)),
+    ("a voter whose node says it started empty (fenced) is removed, uid record or not",
+     World(3, 3, V3, fenced=["n3"], record=Record(bootstrapped=True)), Step.REMOVE_MEMBER,
+     "n3"),
+    ("a learner not yet admitted by its node is not broken, and not promoted yet",
+     World(3, 3, ["n1", "n2"], learners=["n3"], fenced=["n3"]), Step.WAIT, None),
     ("the only voter's volume is lost: nothing to remove it with",
      World(1, 1, ["n1"], new_uid={"n1": "other"}), Step.WAIT, None),
     # --- removed members never rejoin on old data
