@@ -14,11 +14,15 @@ from __future__ import annotations
 import json
 import os
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from .errors import CorruptDataError, DataDirError
 from .fsutil import TEMP_SUFFIX, ensure_dir, remove_temp_files, write_atomic
+
+T = TypeVar("T")
 
 IDENTITY_FILE = "identity.json"
 FORMAT = 1
@@ -94,13 +98,8 @@ class DataDir:
 
 def read_identity(root: Path) -> Identity | None:
     """The identity recorded in data dir `root`, or None if it has none yet."""
-    path = root / IDENTITY_FILE
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return None
-    try:
-        document = json.loads(raw)
+
+    def parse(document: dict) -> Identity:
         if document.get("format") != FORMAT:
             raise ValueError(f"unknown format {document.get('format')!r}")
         return Identity(
@@ -108,8 +107,21 @@ def read_identity(root: Path) -> Identity | None:
             member_name=_text(document, "member_name"),
             member_uid=_text(document, "member_uid"),
         )
-    except (ValueError, AttributeError) as exc:
-        raise CorruptDataError(path, 0, f"identity file does not parse ({exc})") from exc
+
+    return _read_document(root / IDENTITY_FILE, "identity", parse)
+
+
+def _read_document(path: Path, what: str, parse: Callable[[dict], T]) -> T | None:
+    """A small JSON file of the data dir, parsed; None if it does not exist. One that does not
+    parse is corruption (exit 3), never silently taken for absent."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    try:
+        return parse(json.loads(raw))
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CorruptDataError(path, 0, f"{what} file does not parse ({exc})") from exc
 
 
 def _text(document: dict, key: str) -> str:
@@ -125,16 +137,8 @@ ADMISSION_FILE = "admission.json"
 def read_admission(root: Path) -> tuple[str, int] | None:
     """The admission state of a member that started empty (see RaftCore.await_admission), or
     None once it was admitted (or never needed to be)."""
-    path = root / ADMISSION_FILE
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return None
-    try:
-        document = json.loads(raw)
-        return (_text(document, "state"), int(document["commit"]))
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise CorruptDataError(path, 0, f"admission file does not parse ({exc})") from exc
+    return _read_document(root / ADMISSION_FILE, "admission",
+                          lambda document: (_text(document, "state"), int(document["commit"])))
 
 
 def write_admission(root: Path, state: tuple[str, int] | None, *, fsync: bool = True) -> None:
