@@ -29,6 +29,7 @@ from flotilla.node.consensus import (
     Role,
     TransferInProgress,
 )
+from flotilla.node.consensus.progress import caught_up
 from flotilla.node.statemachine.kv import encode_delete, encode_put
 
 from .server import NodeServer, Overloaded, Unavailable
@@ -59,9 +60,6 @@ MAX_URL_BYTES = 16384
 MAX_WHOLE = (1 << 63) - 1
 #: Member names: what a DNS label, a path segment and `--initial-cluster` all accept.
 MEMBER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
-#: A learner may be promoted when it trails the commit index by at most this many entries
-#: (and by at most a tenth of the commit index, as etcd's 90% rule).
-CATCH_UP_SLACK = 1000
 #: A refusal on the peer port is logged at most once per sender and reason in this many s.
 REFUSAL_LOG_INTERVAL = 30.0
 
@@ -641,7 +639,7 @@ class ClientAPI:
                                  "cluster: add it first (POST /v1/members) and let it catch up")
                 pr = core.progress.get(name)
                 committed = core.log.committed
-                if pr is None or committed - pr.match > min(CATCH_UP_SLACK, committed // 10):
+                if not caught_up(pr.match if pr is not None else None, committed):
                     return error(422, "not_caught_up", f"learner {name} has not caught up yet "
                                  f"(match {pr.match if pr else 0}, commit "
                                  f"{committed}); retry when it has")

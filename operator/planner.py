@@ -39,6 +39,8 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
+from flotilla.node.consensus.progress import CATCH_UP_SLACK, caught_up
+
 __all__ = [
     "CATCH_UP_SLACK",
     "Action",
@@ -52,10 +54,6 @@ __all__ = [
     "plan",
 ]
 
-# A learner counts as caught up when it is within this many entries of the leader's commit
-# index (or a tenth of it, for small logs). The node's PUT /v1/config applies the same test
-# and answers 422 otherwise; tests/operator/test_planner.py checks the two agree.
-CATCH_UP_SLACK = 1000
 
 # The exit code of a member that will not use its data dir (corrupt, or another cluster's).
 EXIT_BAD_DATA_DIR = 3
@@ -164,11 +162,6 @@ class Plan:
     degraded: str | None = None  # why the cluster is unhealthy, even while work goes on
     leader: str | None = None
     leader_status: Mapping[str, Any] | None = None
-
-
-def caught_up(match: int | None, commit: int) -> bool:
-    """The node's own test for a learner that may be promoted (see CATCH_UP_SLACK)."""
-    return match is not None and commit - match <= min(CATCH_UP_SLACK, commit // 10)
 
 
 def plan(obs: Observed) -> Plan:
