@@ -17,14 +17,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from flotilla.client import Client, FlotillaError
+from flotilla.client import FlotillaError
 from flotilla.local import HOST, LocalCluster, LocalClusterError, Member, free_ports, locked
+from flotilla.operator.members import ADMIN_TIMEOUT, MEMBERSHIP_STEPS, call
 from flotilla.operator.planner import Action, Observed, Plan, Record, Slot, Step, plan
 
 __all__ = ["scale", "slot_name"]
-
-#: How long an admin call may take; joint changes answer once C_new is committed.
-ADMIN_TIMEOUT = 30.0
 
 
 def slot_name(index: int) -> str:
@@ -119,19 +117,12 @@ class _Scaler:
         cluster = self.cluster
         if action.step is Step.RESIZE:
             self.resize(action.size or 0)
-        elif action.step is Step.ADD_LEARNER:
-            member = cluster.member(action.member)
-            with self.admin() as client:
-                client.add_member(member.name, member.peer_url, member.client_url)
-        elif action.step is Step.CHANGE_VOTERS:
-            with self.admin() as client:
-                client.set_voters(action.voters)
-        elif action.step is Step.TRANSFER_LEADER:
-            with self.admin() as client:
-                client.transfer_leader(action.member)
-        elif action.step is Step.REMOVE_MEMBER:
-            with self.admin() as client:
-                client.remove_member(action.member)
+        elif action.step in MEMBERSHIP_STEPS:
+            joining = (cluster.member(action.member) if action.step is Step.ADD_LEARNER
+                       else None)
+            with cluster.client(timeout=ADMIN_TIMEOUT) as client:
+                call(client, action, joining.peer_url if joining else "",
+                     joining.client_url if joining else "")
         elif action.step is Step.RESET_VOLUME:
             cluster.kill(action.member)
             shutil.rmtree(cluster.member(action.member).data_dir, ignore_errors=True)
@@ -140,9 +131,6 @@ class _Scaler:
             shutil.rmtree(cluster.root / action.member, ignore_errors=True)
         else:
             raise AssertionError(f"no local way to {action.describe()}")
-
-    def admin(self) -> Client:
-        return self.cluster.client(timeout=ADMIN_TIMEOUT)
 
     def resize(self, size: int) -> None:
         """Start empty members in the new slots, or stop the members of slots beyond `size`

@@ -20,7 +20,7 @@ from flotilla.client import Client, FlotillaError
 from .planner import Action, Step
 from .spec import ClusterSpec
 
-__all__ = ["MEMBER_URLS_ENV", "Members"]
+__all__ = ["ADMIN_TIMEOUT", "MEMBERSHIP_STEPS", "MEMBER_URLS_ENV", "Members", "call"]
 
 MEMBER_URLS_ENV = "FLOTILLA_OPERATOR_MEMBER_URLS"
 STATUS_TIMEOUT = 2.0  # a member slower than this to describe itself counts as not answering
@@ -71,19 +71,34 @@ class Members:
         forward to the leader). Raises FlotillaError when it was refused or failed."""
         urls = [self.client_url(m) for m in reachable]
         with Client(urls, timeout=ADMIN_TIMEOUT, token=self.token) as c:
-            if action.step is Step.ADD_LEARNER:
-                c.add_member(action.member, self.peer_url(action.member),
-                             self.client_url(action.member))
-            elif action.step is Step.CHANGE_VOTERS:
-                c.set_voters(action.voters)
-            elif action.step is Step.TRANSFER_LEADER:
-                c.transfer_leader(action.member)
-            elif action.step is Step.REMOVE_MEMBER:
-                c.remove_member(action.member)
+            joining = action.member if action.step is Step.ADD_LEARNER else None
+            if joining is None:
+                call(c, action, "", "")
             else:
-                raise AssertionError(f"{action.step} is not a membership call")
+                call(c, action, self.peer_url(joining), self.client_url(joining))
 
     def snapshot(self, reachable: Iterable[str]) -> dict[str, Any]:
         urls = [self.client_url(m) for m in reachable]
         with Client(urls, timeout=ADMIN_TIMEOUT, token=self.token) as c:
             return c.snapshot()
+
+
+#: The planner's steps that are a call to the members' admin API (the rest act on pods,
+#: volumes or processes, which is each adapter's own business).
+MEMBERSHIP_STEPS = frozenset({Step.ADD_LEARNER, Step.CHANGE_VOTERS, Step.TRANSFER_LEADER,
+                              Step.REMOVE_MEMBER})
+
+
+def call(client: Client, action: Action, peer_url: str, client_url: str) -> None:
+    """Carry out a membership step with `client`; the URLs are the joining member's (used by
+    ADD_LEARNER only). Both adapters take their membership steps through here."""
+    if action.step is Step.ADD_LEARNER:
+        client.add_member(action.member, peer_url, client_url)
+    elif action.step is Step.CHANGE_VOTERS:
+        client.set_voters(action.voters)
+    elif action.step is Step.TRANSFER_LEADER:
+        client.transfer_leader(action.member)
+    elif action.step is Step.REMOVE_MEMBER:
+        client.remove_member(action.member)
+    else:
+        raise AssertionError(f"{action.step} is not a membership call")
