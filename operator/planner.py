@@ -106,14 +106,15 @@ class Record:
 
     bootstrapped: bool = False
     uids: Mapping[str, str] = field(default_factory=dict)  # member -> the member_uid it had
-    removed: frozenset[str] = frozenset()  # member_uids removed: never to rejoin
+    removed: Mapping[str, str] = field(default_factory=dict)  # removed uid -> its name: never
+    # to rejoin (the name is for people reading the status)
     catch_up: Mapping[str, CatchUp] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "bootstrapped": self.bootstrapped,
             "uids": dict(sorted(self.uids.items())),
-            "removed": sorted(self.removed),
+            "removed": dict(sorted(self.removed.items())),
             "catch_up": {n: {"since": c.since, "attempts": c.attempts}
                          for n, c in sorted(self.catch_up.items())},
         }
@@ -124,7 +125,7 @@ class Record:
         return cls(
             bootstrapped=bool(doc.get("bootstrapped", False)),
             uids=dict(doc.get("uids") or {}),
-            removed=frozenset(doc.get("removed") or ()),
+            removed=_removed(doc.get("removed")),
             catch_up={n: CatchUp(None if c.get("since") is None else float(c["since"]),
                                  int(c.get("attempts", 1)))
                       for n, c in (doc.get("catch_up") or {}).items()},
@@ -354,10 +355,10 @@ def _remember(record: Record, lead: Mapping[str, Any], slots: Mapping[str, Slot]
     """Bring the record up to date with what the leader says: the uids of members that serve,
     the uids of members that left (never to rejoin), and the learners' catch-up clocks."""
     uids = dict(record.uids)
-    removed = set(record.removed)
+    removed = dict(record.removed)
     for name in list(uids):
         if name not in members:
-            removed.add(uids.pop(name))
+            removed[uids.pop(name)] = name
     for name in members:
         status = _status(slots.get(name))
         uid = status.get("member_uid") if status else None
@@ -374,7 +375,15 @@ def _remember(record: Record, lead: Mapping[str, Any], slots: Mapping[str, Slot]
             catch_up[name] = CatchUp(None, track.attempts)  # removed to retry: count kept
     for name in learners - set(catch_up):
         catch_up[name] = CatchUp(now)
-    return Record(True, uids, frozenset(removed), catch_up)
+    return Record(True, uids, removed, catch_up)
+
+
+def _removed(doc: Any) -> dict[str, str]:
+    """The removed uids as written; a list of bare uids is how state files written before the
+    names were kept hold them."""
+    if isinstance(doc, Mapping):
+        return {str(uid): str(name) for uid, name in doc.items()}
+    return {str(uid): "" for uid in doc or ()}
 
 
 def _config_members(status: Mapping[str, Any]) -> set[str]:

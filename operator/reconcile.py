@@ -272,7 +272,8 @@ def _record(status: Mapping[str, Any]) -> Record:
     return Record(
         bootstrapped=bool(status.get("bootstrapped")),
         uids={m["name"]: m["uid"] for m in status.get("members") or [] if m.get("uid")},
-        removed=frozenset(m["uid"] for m in status.get("removedMembers") or [] if m.get("uid")),
+        removed={m["uid"]: m.get("name") or "" for m in status.get("removedMembers") or []
+                 if m.get("uid")},
         catch_up={c["name"]: CatchUp(_epoch(c.get("since")), int(c.get("attempts") or 1))
                   for c in status.get("catchUp") or []},
     )
@@ -295,7 +296,6 @@ def _status(spec: ClusterSpec, old: Mapping[str, Any], result: Plan,
     record = result.record
     config = lead.get("config") or {}
     progress = lead.get("members") or {}
-    previous_names = {m["uid"]: m.get("name") for m in old.get("removedMembers") or []}
     members = []
     for name in sorted(progress, key=_ordinal):
         info = progress[name] or {}
@@ -325,8 +325,8 @@ def _status(spec: ClusterSpec, old: Mapping[str, Any], result: Plan,
         "lastSnapshot": {"index": int(snapshot.get("index") or 0),
                          "term": int(snapshot.get("term") or 0),
                          "bytes": int(snapshot.get("bytes") or 0)},
-        "removedMembers": [{"name": previous_names.get(u) or "", "uid": u}
-                           for u in sorted(record.removed)],
+        "removedMembers": [{"name": name, "uid": uid}
+                           for uid, name in sorted(record.removed.items())],
         "catchUp": [{"name": n, "attempts": c.attempts,
                      **({"since": _rfc3339(c.since)} if c.since is not None else {})}
                     for n, c in sorted(record.catch_up.items())],

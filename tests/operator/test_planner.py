@@ -169,7 +169,7 @@ FLOWS = [
     # --- removed members never rejoin on old data
     ("scale 3 -> 5 again over a retained volume of a removed member: wiped, not added",
      World(5, 5, V3, stale={"n4": "uid-old-n4"}, fresh=["n5"],
-           record=Record(True, {n: uid(n) for n in V3}, frozenset({"uid-old-n4"}))),
+           record=Record(True, {n: uid(n) for n in V3}, {"uid-old-n4": "n4"})),
      Step.RESET_VOLUME, "n4"),
     ("old data the record does not know is still not rejoined",
      World(5, 5, V3, stale={"n4": "uid-unknown"}), Step.RESET_VOLUME, "n4"),
@@ -233,7 +233,7 @@ def test_quorum_is_counted_in_both_halves_of_a_joint_configuration() -> None:
 
 def test_a_learner_that_never_catches_up_is_retried_not_promoted() -> None:
     behind = {"n4": 10, "n5": 5000}
-    started = Record(True, {n: uid(n) for n in [*V3, "n4", "n5"]}, frozenset(),
+    started = Record(True, {n: uid(n) for n in [*V3, "n4", "n5"]}, {},
                      {"n4": CatchUp(100.0), "n5": CatchUp(100.0)})
     waiting = plan(World(5, 5, V3, learners=["n4", "n5"], match=behind, record=started,
                          now=150.0).observed())
@@ -245,7 +245,7 @@ def test_a_learner_that_never_catches_up_is_retried_not_promoted() -> None:
     # Removed, its old uid is recorded (never to rejoin on that data), its attempts are kept.
     after = plan(World(5, 5, V3, learners=["n5"], stale={"n4": uid("n4")},
                        record=late.record, now=171.0).observed())
-    assert uid("n4") in after.record.removed
+    assert after.record.removed[uid("n4")] == "n4"
     assert after.action.step is Step.RESET_VOLUME and after.action.member == "n4"
     assert after.record.catch_up["n4"] == CatchUp(None, 1)
     # Back as a learner: the clock restarts and the attempt is counted.
@@ -261,14 +261,16 @@ def test_the_record_learns_uids_and_moves_removed_ones_aside() -> None:
     assert dict(first.record.uids) == {n: uid(n) for n in V3}
     shrunk = plan(World(3, 3, ["n1", "n2"], stale={"n3": uid("n3")},
                         record=first.record).observed())
-    assert shrunk.record.removed == {uid("n3")} and "n3" not in shrunk.record.uids
+    assert shrunk.record.removed == {uid("n3"): "n3"} and "n3" not in shrunk.record.uids
 
 
 def test_record_round_trips_through_json() -> None:
-    record = Record(True, {"n1": "a"}, frozenset({"b"}), {"n4": CatchUp(5.0, 2),
+    record = Record(True, {"n1": "a"}, {"b": "n2"}, {"n4": CatchUp(5.0, 2),
                                                            "n5": CatchUp(None, 1)})
     assert Record.from_json(record.to_json()) == record
     assert Record.from_json(None) == Record()
+    # State files written before the names were kept hold a list of uids.
+    assert Record.from_json({"removed": ["b"]}).removed == {"b": ""}
 
 
 @pytest.mark.parametrize(("match", "commit", "expected"), [
@@ -314,7 +316,7 @@ def test_a_scale_up_then_down_converges_step_by_step() -> None:
         (3, Step.DELETE_VOLUME, "n4"), (3, Step.DELETE_VOLUME, "n5"),
         (3, Step.DONE, None),
     ]
-    assert {uid("n4"), uid("n5")} <= record.removed
+    assert {uid("n4"): "n4", uid("n5"): "n5"}.items() <= record.removed.items()
 
 
 class Toy:
