@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,7 +29,11 @@ FINAL_SNAPSHOT_TRIES = 3
 
 _kube: Kube | None = None
 _locks: dict[str, asyncio.Lock] = {}
-_invalid: dict[str, str] = {}  # cluster uid -> the spec problem last announced
+# A Warning identical to one posted for the same cluster this recently is not posted again:
+# a problem that lasts (an invalid spec, a step failing every round) is said once, not at
+# every reconcile. Normal events, one per step taken, are always posted.
+WARNING_REPEAT_S = 600.0
+_warned: dict[str, dict[tuple[str, str], float]] = {}  # uid -> (reason, message) -> when
 
 
 def _default_image() -> str:
@@ -62,17 +67,21 @@ async def _reconcile(body: Mapping[str, Any], patch: kopf.Patch,
         outcome = await asyncio.to_thread(reconcile, _api(), body,
                                           default_image=_default_image())
     patch["status"] = outcome.status
-    # An invalid spec is announced once per problem, not every round (the status, which a
-    # round may not see yet, is where the planner remembers; this is where the handlers do).
-    if outcome.status.get("phase") != "Invalid":
-        _invalid.pop(uid, None)
-    for event in [e for e in outcome.events if e[1] == "InvalidSpec"]:
-        if _invalid.get(uid) == event[2]:
-            outcome.events.remove(event)
-        _invalid[uid] = event[2]
-    for kind, reason, message in outcome.events:
+    events = [e for e in outcome.events if e[0] != "Warning" or _first_warning(uid, e)]
+    for kind, reason, message in events:
         (logger.warning if kind == "Warning" else logger.info)(f"{reason}: {message}")
-    await asyncio.to_thread(_post, body, outcome.events)
+    await asyncio.to_thread(_post, body, events)
+
+
+def _first_warning(uid: str, event: tuple[str, str, str]) -> bool:
+    now = time.monotonic()
+    warned = _warned.setdefault(uid, {})
+    for key in [k for k, at in warned.items() if now - at > WARNING_REPEAT_S]:
+        del warned[key]
+    if event[1:] in warned:
+        return False
+    warned[event[1:]] = now
+    return True
 
 
 def _post(body: Mapping[str, Any], events: list[tuple[str, str, str]]) -> None:
@@ -113,5 +122,6 @@ async def deleted(body: kopf.Body, logger: logging.Logger, retry: int, **_: Any)
         return
     finally:
         _locks.pop(body.get("metadata", {}).get("uid", ""), None)
+        _warned.pop(body.get("metadata", {}).get("uid", ""), None)
     logger.info(what)
     await asyncio.to_thread(_post, body, [("Normal", "Deleting", what)])

@@ -75,9 +75,7 @@ def reconcile(kube: Kube, body: Mapping[str, Any], *, default_image: str,
             "Ready": (False, "InvalidSpec", str(exc)),
             "Progressing": (False, "InvalidSpec", "fix the spec; nothing is changed meanwhile"),
         }, _generation(body))
-        said = any(c.get("type") == "Ready" and c.get("message") == str(exc)
-                   for c in old.get("conditions") or [])  # said once, not every round
-        return Outcome(status, [] if said else [("Warning", "InvalidSpec", str(exc))])
+        return Outcome(status, [("Warning", "InvalidSpec", str(exc))])
 
     record = _record(old)
     members = Members(spec, _token(kube, spec))
