@@ -114,7 +114,10 @@ def reconcile(kube: Kube, body: Mapping[str, Any], *, default_image: str,
     bootstrap = names[:target_size] if not bootstrapped else []
     for obj in render.owned_objects(spec, bootstrap, bootstrapped, target_size,
                                     voters=fewest or spec.replicas):
-        created = _ensure(kube, obj)
+        meta = obj["metadata"]
+        current = sts if obj["kind"] == "StatefulSet" else kube.get(  # read once, above
+            obj["kind"], meta["namespace"], meta["name"])
+        created = _ensure(kube, obj, current)
         if created:
             events.append(("Normal", "Created", f"{obj['kind']} {obj['metadata']['name']}"))
 
@@ -174,10 +177,9 @@ def _carry_out(kube: Kube, members: Members, spec: ClusterSpec, action: Any,
         members.carry_out(action, running)
 
 
-def _ensure(kube: Kube, obj: Mapping[str, Any]) -> bool:
-    """Create `obj`, or merge-patch the existing one where it differs. True if created."""
+def _ensure(kube: Kube, obj: Mapping[str, Any], current: Mapping[str, Any] | None) -> bool:
+    """Create `obj`, or merge-patch `current` where it differs. True if created."""
     meta = obj["metadata"]
-    current = kube.get(obj["kind"], meta["namespace"], meta["name"])
     if current is None:
         kube.create(obj)
         return True
