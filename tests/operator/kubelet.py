@@ -71,6 +71,7 @@ class ApiServer(kmock.KubernetesEmulator):
       runs handlers again on old bodies.
     - A name from `generateName`, and `uid`, `creationTimestamp` and the namespace from the URL
       on create.
+    - Lists honour `labelSelector` (equality terms, which is all the operator sends).
     - 201 for a create, and 422 (not 500) for a failed JSON-patch `test` operation, which kopf
       treats as a conflict to retry.
 
@@ -79,6 +80,15 @@ class ApiServer(kmock.KubernetesEmulator):
     """
 
     _versions: itertools.count = attrs.field(factory=lambda: itertools.count(2), init=False)
+
+    async def _serve_list(self, request: Any) -> Any:
+        payload = await super()._serve_list(request)
+        selector = request.params.get("labelSelector", "")
+        wanted = dict(term.split("=", 1) for term in selector.split(",") if term)
+        payload["items"] = [item for item in payload["items"] if all(
+            ((item.get("metadata") or {}).get("labels") or {}).get(k) == v
+            for k, v in wanted.items())]
+        return payload
 
     async def _serve_create(self, request: Any) -> Any:
         return kmock.Response(status=201, payload=await super()._serve_create(request))

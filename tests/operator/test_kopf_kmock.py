@@ -176,6 +176,9 @@ def test_apply_scale_and_delete_a_raft_cluster(world):
                                        "learners": [], "joint": False}
     assert status["bootstrapped"] and status["leader"].startswith("demo-")
     assert_admitted(api)
+    # The API server filters by label, as the operator's lists rely on.
+    assert len(api.list("Pod", NS, status["selector"])) == 3
+    assert api.list("Pod", NS, "app.kubernetes.io/instance=another") == []
     assert status["selector"] == "app.kubernetes.io/name=flotilla,app.kubernetes.io/instance=demo"
     assert {c["type"]: c["status"] for c in status["conditions"]} == {
         "Ready": "True", "Progressing": "False", "Degraded": "False", "Archiving": "True"}
