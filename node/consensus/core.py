@@ -329,11 +329,13 @@ class RaftCore:
             self._send(Message(MT.APPEND_RESP, to=m.frm, frm=self.name, term=self.term,
                                index=log.committed))
             return
-        if self.admission == (UNDECIDED, -1):
+        admission = self.admission  # None for every member that votes: one test per append
+        if admission is not None and admission[1] < 0:
             self.admission = (UNDECIDED, m.commit)  # the leader's commit index at first contact
         last_new = log.maybe_append(m.index, m.log_term, m.commit, m.entries)
         if last_new is not None:
-            self._review_admission()
+            if admission is not None:
+                self._review_admission()
             self._send(Message(MT.APPEND_RESP, to=m.frm, frm=self.name, term=self.term,
                                index=last_new))
             return
