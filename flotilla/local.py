@@ -525,9 +525,13 @@ class LocalCluster:
                         f"member logs in {self.root}")
                 time.sleep(0.1)
 
-    def _exited(self, name: str) -> LocalClusterError:
+    def exit_code(self, name: str) -> int | None:
+        """How `name` last exited, if this object started it and it has exited."""
         proc = self._procs.get(name)
-        code = proc.poll() if proc is not None else None
+        return proc.poll() if proc is not None else None
+
+    def _exited(self, name: str) -> LocalClusterError:
+        code = self.exit_code(name)
         tail = self.log_tail(name, 15)
         this_run = tail.rpartition("--- flotilla: start at")[2]
         cls = _BindFailed if "cannot listen" in this_run else LocalClusterError

@@ -100,10 +100,9 @@ class _Scaler:
                 slots[name] = Slot(running=False, volume=data_dir.exists())
                 continue
             running = cluster.is_alive(name)
-            proc = cluster._procs.get(name)
-            exit_code = proc.poll() if proc is not None and not running else None
             status = cluster.member_status(name, timeout=1.0) if running else None
-            slots[name] = Slot(running=running, status=status, exit_code=exit_code,
+            slots[name] = Slot(running=running, status=status,
+                               exit_code=None if running else cluster.exit_code(name),
                                volume=data_dir.exists())
         record = Record.from_json(cluster.state.record)
         return Observed(desired=self.replicas, size=size, slots=slots, names=names,
