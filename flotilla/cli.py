@@ -188,10 +188,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     from flotilla.client import FlotillaError
-    from flotilla.local import LocalClusterError
+    from flotilla.local import BadOption, LocalClusterError
 
     try:
         return args.run(args)
+    except BadOption as exc:
+        _fail(args, str(exc))
+        return EXIT_USAGE
     except (CommandError, FlotillaError, LocalClusterError) as exc:
         _fail(args, str(exc))
         return EXIT_FAILED

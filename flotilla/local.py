@@ -536,18 +536,25 @@ class LocalCluster:
             time.sleep(0.05)
 
     def wait_ready(self, timeout: float = 60.0, require: Sequence[str] = ()) -> str:
-        """Return the leader's name once a leader serves a linearizable read. Raises when time
-        runs out, or when a member of ``require`` exits first (with the end of its log)."""
+        """Return the leader's name once a leader serves a linearizable read and every member
+        of ``require`` answers on its own port (a majority can serve while one member is still
+        failing to start). Raises when time runs out, or when a member of ``require`` exits
+        first (with its last word)."""
         deadline = time.monotonic() + timeout
         last = "no attempt"
+        waiting = list(require)
         with self.client(timeout=2.0) as client:
             while True:
-                for name in require:
+                for name in waiting:
                     if not self.is_alive(name):
                         raise self._exited(name)
+                waiting = [n for n in waiting if self.member_status(n, timeout=0.5) is None]
                 try:
                     client.list(limit=1)
-                    return client.status()["name"]
+                    leader = client.status()["name"]
+                    if not waiting:
+                        return leader
+                    last = f"{', '.join(waiting)} not answering yet"
                 except FlotillaError as exc:
                     last = str(exc)
                 if time.monotonic() > deadline:
