@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from flotilla.client import Client, FlotillaError
+from flotilla.progress import Bar, read_restore_progress
 
 __all__ = [
     "DEFAULT_DIR",
@@ -535,7 +536,8 @@ class LocalCluster:
                                         f"in {self.root}")
             time.sleep(0.05)
 
-    def wait_ready(self, timeout: float = 60.0, require: Sequence[str] = ()) -> str:
+    def wait_ready(self, timeout: float = 60.0, require: Sequence[str] = (),
+                   on_wait: Callable[[], None] | None = None) -> str:
         """Return the leader's name once a leader serves a linearizable read and every member
         of ``require`` answers on its own port (a majority can serve while one member is still
         failing to start). Raises when time runs out, or when a member of ``require`` exits
@@ -548,6 +550,8 @@ class LocalCluster:
                 for name in waiting:
                     if not self.is_alive(name):
                         raise self._exited(name)
+                if on_wait is not None:
+                    on_wait()
                 waiting = [n for n in waiting if self.member_status(n, timeout=0.5) is None]
                 try:
                     client.list(limit=1)
@@ -691,7 +695,10 @@ def _up(root: Path, replicas: int, *, election_timeout_ms: int, heartbeat_ms: in
                                       restore_index=restore_index)
         try:
             cluster.start()
-            leader = cluster.wait_ready(timeout, require=cluster.names)
+            with Bar() as bar:
+                leader = cluster.wait_ready(
+                    timeout, require=cluster.names,
+                    on_wait=_show_restore(cluster, bar) if restore_from else None)
             cluster.mark_bootstrapped()
             return cluster, leader
         except BaseException as exc:
@@ -704,6 +711,19 @@ def _up(root: Path, replicas: int, *, election_timeout_ms: int, heartbeat_ms: in
                 raise
             say("note: a port was taken while the members started; trying other ports")
     raise LocalClusterError("could not find free ports for the members; try again")
+
+
+def _show_restore(cluster: LocalCluster, bar: Bar) -> Callable[[], None]:
+    """Follow the first member's restore (every initial member does the same work)."""
+    first = cluster.members[0]
+
+    def show() -> None:
+        doc = read_restore_progress(first.data_dir)
+        if doc is not None:
+            what = "fetching from the archive" if doc["stage"] == "fetch" else "replaying"
+            bar.show(doc["stage"], f"{first.name} {what}", doc["done"], doc["total"],
+                     doc["unit"])
+    return show
 
 
 def _resume_notes(cluster: LocalCluster, replicas: int, election_timeout_ms: int,
