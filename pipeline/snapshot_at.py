@@ -1,0 +1,399 @@
+"""`flotilla pipeline snapshot-at`: the exact state at an index, synthesized with Spark and
+published into the archive as a new cluster that an unchanged member restores.
+
+The driver plans from the manifest (the plan the node's own restore makes: the newest intact
+snapshot at or below N plus the segments covering the rest) and writes the snapshot file; Spark
+does the work in between, in the stages of `kvfold`:
+
+    segments --decode--> ops (cached)
+    ops --per-segment max ts--> clock offsets (driver) --window--> each command's clock
+    client commands --by client, in index order--> skipped indexes + session sketches
+    effective commands (+ the base keys they touch) --by key, in index order--> final records
+    final records + untouched base records --sorted by key--> packed runs --> the payload
+
+Keys travel as UTF-8 bytes (lone surrogates kept), so Spark's binary sort is the machine's
+code-point order. Each "by X" stage is a hash repartition plus a sort within partitions and one
+Python call per Arrow batch, never one per key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgpack
+from flotilla.node.archive import ArchiveError, ClusterArchive, open_archive
+from flotilla.node.archive.errors import ArchiveNotFound
+from flotilla.node.archive.restore import RestorePlan, resolve_cluster_id
+from flotilla.node.consensus import EntryKind, Membership, SnapshotMeta
+from flotilla.node.statemachine.kv import KVStateMachine, packer
+from flotilla.node.statemachine.sessions import Session
+from flotilla.node.storage import SnapshotStore
+
+from .kvfold import Op, SessionSketch, assemble_payload, finish_session, fold_client, fold_key
+from .source import BAD, DELETE, OPS_SCHEMA, PUT, ArchiveRef, decode_segments, key_text
+from .spark import PipelineError
+
+__all__ = ["SnapshotAtResult", "plan_snapshot_at", "snapshot_at"]
+
+BASE = 2  # op code of a base snapshot's key record in the key stage
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotAtResult:
+    cluster_id: str
+    index: int
+    term: int
+    time: str | None
+    location: str
+    sha256: str
+
+    def to_json(self) -> str:
+        return json.dumps({"cluster_id": self.cluster_id, "index": self.index,
+                           "term": self.term, "time": self.time, "location": self.location,
+                           "sha256": self.sha256})
+
+
+def plan_snapshot_at(cluster: ClusterArchive, index: int) -> RestorePlan:
+    """The restore plan for `index`, or PipelineError (exit 4) naming what can be rebuilt."""
+    try:
+        return cluster.plan_restore(index)
+    except ArchiveNotFound as exc:
+        raise PipelineError(str(exc), 4) from None
+
+
+def snapshot_at(spark: Any, ref: ArchiveRef, index: int, *, to_cluster_id: str | None = None,
+                dry_run: bool = False, tasks: int | None = None) -> SnapshotAtResult | dict:
+    archive = open_archive(ref.url, endpoint=ref.s3_endpoint, region=ref.s3_region)
+    try:
+        cluster_id = resolve_cluster_id(archive, ref.cluster_id)
+        ref = ArchiveRef(ref.url, cluster_id, ref.s3_endpoint, ref.s3_region)
+        cluster = ClusterArchive(archive, cluster_id)
+        plan = plan_snapshot_at(cluster, index)
+        if dry_run:
+            return _describe(plan)
+        target = to_cluster_id or f"{cluster_id}-at-{index}"
+        with tempfile.TemporaryDirectory(prefix="flotilla-snapshot-at-") as work:
+            base_meta, base = _read_base(cluster, plan, Path(work))
+            ops = _ops(spark, ref, plan, tasks)
+            meta = _meta_at(ops, plan, base_meta)
+            path = _synthesize(spark, ref, plan, ops, meta, base, Path(work))
+            out = ClusterArchive(archive, target)
+            if out.manifest() is not None:
+                raise PipelineError(f"{ref.url} already holds a cluster {target!r}: pick "
+                                    "another --to-cluster-id", 2)
+            record = out.upload_snapshot(path, meta)
+            out.publish()
+            return SnapshotAtResult(target, index, meta.term, None, out.location(record),
+                                    record.sha256)
+    except ArchiveError as exc:
+        raise PipelineError(f"cannot read {ref.url}: {exc}") from None
+    finally:
+        archive.close()
+
+
+def _describe(plan: RestorePlan) -> dict[str, Any]:
+    snap = plan.snapshot
+    return {"index": plan.index,
+            "base_snapshot": None if snap is None else {"key": snap.key, "index": snap.index,
+                                                        "bytes": snap.size},
+            "segments": [{"key": s.key, "first": s.first, "last": s.last, "bytes": s.size}
+                         for s in plan.segments],
+            "bytes": (snap.size if snap else 0) + sum(s.size for s in plan.segments)}
+
+
+@dataclass(frozen=True, slots=True)
+class _Base:
+    """The base snapshot as the driver needs it: all but its key records (read by a task)."""
+
+    applied_index: int
+    clock: int
+    ttl_ms: int
+    window: int
+    sessions: dict[str, Session]
+    path: Path | None
+
+
+def _read_base(cluster: ClusterArchive, plan: RestorePlan,
+               work: Path) -> tuple[SnapshotMeta | None, _Base]:
+    if plan.snapshot is None:
+        empty = KVStateMachine()
+        return None, _Base(0, 0, empty.session_ttl_ms, empty.session_window, {}, None)
+    path = work / "base.snap"
+    meta = cluster.download_snapshot(plan.snapshot, path)
+    sm = KVStateMachine()
+    with SnapshotStore.open_payload(SnapshotStore, path) as payload:  # type: ignore[arg-type]
+        sm.restore(payload)
+    sessions = {s.client: s for s in sm.sessions()}
+    return meta, _Base(sm.applied_index, sm.clock, sm.session_ttl_ms, sm.session_window,
+                       sessions, path)
+
+
+def _ops(spark: Any, ref: ArchiveRef, plan: RestorePlan, tasks: int | None) -> Any:
+    """Every entry after the base up to the target, decoded by a few large tasks."""
+    segments = list(plan.segments)
+    parallel = tasks or spark.sparkContext.defaultParallelism
+    chunks = [segments[i::parallel] for i in range(min(parallel, len(segments)))]
+    rows = [(json.dumps([s.to_json() for s in chunk]),) for chunk in chunks]
+    upto, above = plan.index, plan.base_index
+
+    def decode_chunks(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+        from flotilla.node.archive.manifest import SegmentRecord
+
+        for batch in batches:
+            for doc in batch.column(0).to_pylist():
+                records = [SegmentRecord(d["first"], d["last"], d["key"], d["bytes"],
+                                         d["sha256"]) for d in json.loads(doc)]
+                for cols in decode_segments(ref, upto, records, above):
+                    yield pa.RecordBatch.from_pydict(cols, schema=_arrow(OPS_SCHEMA))
+
+    frame = spark.createDataFrame(rows or [("[]",)], "segments string").repartition(
+        max(1, len(rows)))
+    return frame.mapInArrow(decode_chunks, OPS_SCHEMA).cache()
+
+
+def _arrow(ddl: str) -> Any:
+    import pyarrow as pa
+
+    types = {"long": pa.int64(), "byte": pa.int8(), "binary": pa.binary(),
+             "string": pa.string()}
+    return pa.schema([(name, types[kind]) for name, kind in
+                      (part.split() for part in ddl.split(", "))])
+
+
+def _meta_at(ops: Any, plan: RestorePlan, base_meta: SnapshotMeta | None) -> SnapshotMeta:
+    """Term of the target entry and the configuration in force there (the last membership
+    entry at or below it, else the base snapshot's)."""
+    from pyspark.sql import functions as F
+
+    index = plan.index
+    if index == plan.base_index and base_meta is not None:
+        return SnapshotMeta(index, base_meta.term, base_meta.membership)
+    found = ops.filter(F.col("index") == index).select("term").collect()
+    if not found:
+        raise PipelineError(f"entry {index} is missing from the archived segments")
+    change = (ops.filter(F.col("kind") == int(EntryKind.MEMBERSHIP))
+              .orderBy(F.col("index").desc()).select("data").limit(1).collect())
+    if change:
+        membership = Membership.decode(change[0]["data"])
+    elif base_meta is not None:
+        membership = base_meta.membership
+    else:
+        raise PipelineError(f"no configuration at or below index {index} in the archive")
+    return SnapshotMeta(index, found[0]["term"], membership)
+
+
+def _synthesize(spark: Any, ref: ArchiveRef, plan: RestorePlan, ops: Any, meta: SnapshotMeta,
+                base: _Base, work: Path) -> Path:
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    commands = ops.filter(F.col("kind") == int(EntryKind.NORMAL))
+    decodable = commands.filter(F.col("op") != BAD)
+
+    # The clock: per-segment maxima, a prefix over segments on the driver, then a running
+    # maximum within each segment.
+    maxima = sorted((r["seg"], r["m"]) for r in
+                    decodable.groupBy("seg").agg(F.max("ts").alias("m")).collect())
+    before, clock = {}, base.clock
+    for seg, most in maxima:
+        before[seg] = clock
+        clock = max(clock, most)
+    final_clock = clock
+    offsets = spark.createDataFrame(list(before.items()) or [(0, 0)], "seg long, start long")
+    running = Window.partitionBy("seg").orderBy("index").rowsBetween(
+        Window.unboundedPreceding, Window.currentRow)
+    clocked = (decodable.withColumn("run", F.max("ts").over(running))
+               .join(F.broadcast(offsets), "seg")
+               .withColumn("clock", F.greatest("run", "start")))
+
+    # Sessions, per client.
+    ttl, window, base_sessions = base.ttl_ms, base.window, base.sessions
+    per_client = (clocked.filter(F.col("client").isNotNull())
+                  .select("client", "index", "seq", "clock")
+                  .repartition("client").sortWithinPartitions("client", "index"))
+
+    def fold_clients(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        schema = _arrow("index long, client binary, sketch binary")
+        pack = packer().pack
+        for client, rows in _runs(batches, "client", ("index", "seq", "clock")):
+            name = key_text(client)
+            fold = fold_client(name, base_sessions.get(name), rows, ttl, window)
+            skipped = [i for i, _, _ in rows if i not in fold.applied]
+            out = {"index": skipped, "client": [None] * len(skipped),
+                   "sketch": [None] * len(skipped)}
+            if fold.session is not None:
+                s = fold.session
+                out["index"].append(None)
+                out["client"].append(client)
+                out["sketch"].append(pack((s.last_seq, s.last_active,
+                                           [[q, r] for q, r in s.recorded])))
+            yield pa.RecordBatch.from_pydict(out, schema=schema)
+
+    sessions_out = per_client.mapInArrow(fold_clients,
+                                         "index long, client binary, sketch binary").cache()
+    skipped = sessions_out.filter(F.col("index").isNotNull()).select("index")
+    sketches: dict[str, SessionSketch] = {}
+    for row in sessions_out.filter(F.col("index").isNull()).collect():
+        last_seq, last_active, recorded = msgpack.unpackb(
+            row["sketch"], raw=False, unicode_errors="surrogatepass", strict_map_key=False)
+        name = key_text(row["client"])
+        sketches[name] = SessionSketch(name, last_seq, last_active,
+                                       tuple((q, r) for q, r in recorded))
+    wanted = frozenset(r for s in sketches.values() for _, r in s.recorded if isinstance(r, int))
+
+    # Keys, per key: the effective commands and the base records of the keys they touch.
+    effective = (decodable.join(skipped, "index", "left_anti")
+                 .select("key", "index", "op", "value", "prev_index"))
+    base_keys = _base_keys(spark, ref, plan) if base.path is not None else None
+    if base_keys is not None:
+        touched = effective.select("key").distinct()
+        base_rows = (base_keys.join(touched, "key", "left_semi")
+                     .select("key", F.col("mod").alias("index"), F.lit(BASE).cast("byte")
+                             .alias("op"), "value", F.lit(None).cast("long").alias("prev_index")))
+        effective = effective.unionByName(base_rows)
+    per_key = effective.repartition("key").sortWithinPartitions("key", "index")
+
+    def fold_keys(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        schema = _arrow("key binary, record binary, rindex long, result binary")
+        pack = packer().pack
+        for raw, rows in _runs(batches, "key", ("index", "op", "value", "prev_index")):
+            key = key_text(raw)
+            start = None
+            ops_of_key = []
+            for index, op, value, prev in rows:
+                if op == BASE:
+                    start = (key, value, index)
+                else:
+                    ops_of_key.append(Op(index, "put" if op == PUT else "delete"
+                                         if op == DELETE else None, key, value or b"", prev))
+            final, results = fold_key(key, start, ops_of_key, wanted)
+            out = {"key": [raw], "record": [None if final is None else pack(final)],
+                   "rindex": [None], "result": [None]}
+            for i, result in results.items():
+                for col, val in (("key", None), ("record", None), ("rindex", i),
+                                 ("result", pack(result))):
+                    out[col].append(val)
+            yield pa.RecordBatch.from_pydict(out, schema=schema)
+
+    folded = per_key.mapInArrow(fold_keys,
+                                "key binary, record binary, rindex long, result binary").cache()
+    results = {r["rindex"]: msgpack.unpackb(r["result"], raw=False, strict_map_key=False)
+               for r in folded.filter(F.col("rindex").isNotNull()).collect()}
+    records = folded.filter(F.col("record").isNotNull()).select("key", "record")
+    if base_keys is not None:
+        untouched = (base_keys.join(folded.filter(F.col("key").isNotNull()).select("key"),
+                                    "key", "left_anti")
+                     .select("key", "record"))
+        records = records.unionByName(untouched)
+
+    def pack_runs(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        for batch in batches:
+            column = batch.column(1).to_pylist()
+            yield pa.RecordBatch.from_pydict({"run": [b"".join(column)], "n": [len(column)]},
+                                             schema=_arrow("run binary, n long"))
+
+    runs = records.orderBy("key").mapInArrow(pack_runs, "run binary, n long").cache()
+    key_count = runs.agg(F.sum("n")).collect()[0][0] or 0
+
+    sessions = [finish_session(s, results) for s in sketches.values()]
+    sessions += [s for c, s in base_sessions.items() if c not in sketches]
+    normal = commands.agg(F.max("index")).collect()[0][0]
+    applied = base.applied_index if normal is None else normal
+    store = SnapshotStore(work / "out")
+    digest = hashlib.sha256()
+
+    def write(stream: Any) -> None:
+        tee = _Tee(stream, digest)
+        assemble_payload(tee, applied_index=applied, clock=final_clock, ttl_ms=ttl,
+                         window=window, key_count=key_count,
+                         key_records=(row["run"] for row in runs.toLocalIterator()),
+                         sessions=sessions)
+
+    return store.save(meta, KVStateMachine.kind, write)
+
+
+def _base_keys(spark: Any, ref: ArchiveRef, plan: RestorePlan) -> Any:
+    """The base snapshot's key records, read (and verified) by one task."""
+    snap = plan.snapshot
+    assert snap is not None
+    doc = json.dumps(snap.to_json())
+
+    def read(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+        from flotilla.node.archive.manifest import SnapshotRecord
+
+        from .source import cluster_archive, key_bytes
+
+        for batch in batches:
+            for text in batch.column(0).to_pylist():
+                d = json.loads(text)
+                record = SnapshotRecord(d["index"], d["term"], d["key"], d["bytes"],
+                                        d["sha256"])
+                with tempfile.TemporaryDirectory() as tmp:
+                    path = Path(tmp) / "base.snap"
+                    cluster_archive(ref).download_snapshot(record, path)
+                    sm = KVStateMachine()
+                    with SnapshotStore.open_payload(SnapshotStore, path) as payload:  # type: ignore[arg-type]
+                        sm.restore(payload)
+                pack = packer().pack
+                schema = _arrow("key binary, value binary, mod long, record binary")
+                cols: dict[str, list[Any]] = {"key": [], "value": [], "mod": [], "record": []}
+                for entry in sm.records():
+                    cols["key"].append(key_bytes(entry[0]))
+                    cols["value"].append(entry[1])
+                    cols["mod"].append(entry[2])
+                    cols["record"].append(pack(entry))
+                    if len(cols["key"]) == 65536:
+                        yield pa.RecordBatch.from_pydict(cols, schema=schema)
+                        cols = {name: [] for name in cols}
+                yield pa.RecordBatch.from_pydict(cols, schema=schema)
+
+    frame = spark.createDataFrame([(doc,)], "snapshot string")
+    return frame.mapInArrow(read, "key binary, value binary, mod long, record binary").cache()
+
+
+def _runs(batches: Iterator[Any], by: str, columns: tuple[str, ...]
+          ) -> Iterator[tuple[bytes, list[tuple[Any, ...]]]]:
+    """Consecutive rows with the same `by` value (the partition is sorted by it), across batch
+    boundaries: (value, [row tuples of `columns`])."""
+    current: bytes | None = None
+    rows: list[tuple[Any, ...]] = []
+    for batch in batches:
+        keys = batch.column(batch.schema.get_field_index(by)).to_pylist()
+        cols = [batch.column(batch.schema.get_field_index(c)).to_pylist() for c in columns]
+        for n, key in enumerate(keys):
+            if key != current:
+                if current is not None:
+                    yield current, rows
+                current, rows = key, []
+            rows.append(tuple(col[n] for col in cols))
+    if current is not None:
+        yield current, rows
+
+
+class _Tee(io.RawIOBase):
+    """Passes writes on while hashing them."""
+
+    def __init__(self, stream: Any, digest: Any) -> None:
+        self.stream, self.digest = stream, digest
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        self.digest.update(data)
+        return self.stream.write(data)

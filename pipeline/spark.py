@@ -1,0 +1,62 @@
+"""Starting Spark, and saying in one line what is missing when it cannot start."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from typing import Any
+
+__all__ = ["PipelineError", "spark_session"]
+
+
+class PipelineError(Exception):
+    """Something the user must act on; the message says what. `exit_code` is the pipeline's:
+    1 (the job failed), 2 (bad flags) or 4 (a target outside the archive)."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def _require_pyspark() -> Any:
+    try:
+        import pyspark
+    except ImportError:
+        raise PipelineError("the pipeline needs PySpark: pip install 'flotilla[pipeline]'",
+                            2) from None
+    return pyspark
+
+
+def _require_java() -> None:
+    home = os.environ.get("JAVA_HOME")
+    if home and os.path.exists(os.path.join(home, "bin", "java")):
+        return
+    if shutil.which("java"):
+        return
+    raise PipelineError("Spark needs a Java runtime (17 or 21) and none was found: install one "
+                        "(Debian: apt-get install openjdk-17-jre-headless) or set JAVA_HOME", 2)
+
+
+def spark_session(master: str = "local[*]", app: str = "flotilla-pipeline") -> Any:
+    """A Spark session on `master` (any Spark master URL; `local[*]` by default). Local mode
+    binds to loopback unless SPARK_LOCAL_IP says otherwise."""
+    _require_pyspark()
+    _require_java()
+    if master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    builder = (SparkSession.builder.master(master).appName(app)
+               .config("spark.ui.enabled", "false")
+               .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+               .config("spark.sql.shuffle.partitions", str(max(2, os.cpu_count() or 2)))
+               .config("spark.driver.extraJavaOptions", "-Dlog4j2.level=ERROR"))
+    try:
+        session = builder.getOrCreate()
+    except Exception as exc:  # the JVM did not start: the first line of its complaint
+        raise PipelineError(f"Spark did not start on {master}: "
+                            f"{str(exc).strip().splitlines()[0]}") from None
+    session.sparkContext.setLogLevel("ERROR")
+    return session
