@@ -3,6 +3,9 @@
 It talks to the API server as kubectl would: the pod's service account in a cluster, else
 the local kubeconfig (KUBECONFIG). One replica at a time (kopf standalone mode: the chart runs
 a single replica with the Recreate strategy).
+
+Exit codes: 0 after a clean stop; 1 when it cannot reach Kubernetes at all (no in-cluster
+service account and no usable kubeconfig), with one line saying what to do; 2 for bad flags.
 """
 
 from __future__ import annotations
@@ -13,7 +16,34 @@ import os
 import sys
 from collections.abc import Sequence
 
-EXIT_OK, EXIT_USAGE = 0, 2
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def kubernetes_config_problem() -> str | None:
+    """Why kopf could not log in to any cluster, or None when it can.
+
+    kopf logs in through the kubernetes client's loaders (in-cluster first, then the
+    kubeconfig). Without either it retries inside its event loop and ends in a page of
+    tracebacks; asking the same loaders first turns that into one sentence.
+    """
+    import yaml
+    from kubernetes import config
+    from kubernetes.config.config_exception import ConfigException
+
+    try:
+        config.load_incluster_config()
+        return None
+    except ConfigException as exc:
+        in_cluster = str(exc).rstrip(".")
+    try:
+        config.load_kube_config()
+        return None
+    except (ConfigException, OSError, yaml.YAMLError) as exc:
+        kubeconfig = " ".join(str(exc).split()).rstrip(".")
+    where = os.environ.get("KUBECONFIG") or "~/.kube/config"
+    return (f"no Kubernetes cluster to talk to: not running in a pod ({in_cluster}) and no "
+            f"usable kubeconfig at {where} ({kubeconfig}); set KUBECONFIG to a kubeconfig "
+            "file (the one kubectl uses), or run the operator inside a cluster")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,6 +86,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ["FLOTILLA_DEFAULT_IMAGE"] = args.default_image
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    problem = kubernetes_config_problem()
+    if problem is not None:
+        print(f"flotilla operator: {problem}", file=sys.stderr)
+        return EXIT_FAILED
 
     import kopf
 
