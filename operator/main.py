@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -46,8 +48,25 @@ def kubernetes_config_problem() -> str | None:
             "file (the one kubectl uses), or run the operator inside a cluster")
 
 
+class _Parser(argparse.ArgumentParser):
+    """A usage error is one line on stderr, as for every `flotilla` command."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see `{self.prog} --help`)\n")
+
+
+def _interval(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, not {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="flotilla operator",
         description="Reconcile RaftCluster objects (flotilla.dev/v1alpha1) into StatefulSets, "
                     "Services and PodDisruptionBudgets, and drive membership changes through "
@@ -59,9 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--default-image", default=os.environ.get("FLOTILLA_DEFAULT_IMAGE"),
                    help="the image for RaftClusters without spec.image "
                         "(env FLOTILLA_DEFAULT_IMAGE)")
-    p.add_argument("--interval", type=float,
-                   default=float(os.environ.get("FLOTILLA_OPERATOR_INTERVAL", "5")),
-                   help="seconds between reconciles of each cluster (default 5)")
+    p.add_argument("--interval", type=_interval,
+                   # a string default goes through the type too, so a bad env value is a
+                   # usage error, not a traceback
+                   default=os.environ.get("FLOTILLA_OPERATOR_INTERVAL") or "5",
+                   help="seconds between reconciles of each cluster (env "
+                        "FLOTILLA_OPERATOR_INTERVAL; default 5)")
     p.add_argument("--liveness", default=None, metavar="URL",
                    help="serve a liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
     p.add_argument("--verbose", "-v", action="store_true", help="debug logging")
@@ -76,9 +98,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.namespace and args.all_namespaces:
         print("flotilla operator: give --namespace or --all-namespaces, not both",
               file=sys.stderr)
-        return EXIT_USAGE
-    if args.interval <= 0:
-        print("flotilla operator: --interval must be > 0", file=sys.stderr)
         return EXIT_USAGE
     # Read by the handlers module at import (kopf timers take their interval there).
     os.environ["FLOTILLA_OPERATOR_INTERVAL"] = str(args.interval)

@@ -74,6 +74,10 @@ def bad_usage() -> list:
         pytest.param(["no-such-command"], {}, id="unknown command"),
         pytest.param(["kv"], {}, id="kv without an operation"),
         pytest.param(["member"], {}, id="member without an operation"),
+        pytest.param(["operator", "--interval", "nan"], {}, id="operator --interval nan"),
+        pytest.param(["operator"], {"FLOTILLA_OPERATOR_INTERVAL": "x"},
+                     id="bad FLOTILLA_OPERATOR_INTERVAL"),
+        pytest.param(["operator", "--no-such-flag"], {}, id="operator unknown flag"),
     ]
     for command in TIMED:
         for value in ("0", "-1", "nan", "inf"):
