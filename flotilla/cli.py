@@ -395,6 +395,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (CommandError, FlotillaError, LocalClusterError) as exc:
         _fail(args, _explain(args, exc))
         return EXIT_FAILED
+    except json.JSONDecodeError as exc:
+        # Something answers at the endpoint, but not with a member's JSON.
+        _fail(args, f"the answer is not JSON ({exc}): is this a flotilla member's client URL?")
+        return EXIT_FAILED
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

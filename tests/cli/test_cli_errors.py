@@ -189,3 +189,9 @@ def test_status_names_only_a_leader_that_answered_and_says_so():
                          "n2": {"role": "leader", "term": 4},
                          "n3": {"role": "follower", "term": 4, "leader": "n2"}}) == "n2"
     assert known_leader({}) is None
+
+
+def test_something_else_answering_at_the_endpoint_is_one_line(stub):
+    stub.canned = [(200, b"<html>not a member</html>")] * 20
+    err = one_line_error(flotilla("kv", "ls", "--endpoints", stub.url, "--timeout", "2"), 1)
+    assert "not JSON" in err
