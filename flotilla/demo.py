@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="fixed ports (peers at BASE+i, clients at BASE+10+i); "
                              "default: free ports")
     args = parser.parse_args(argv)
-    root = Path(args.dir)
+    root = Path(args.dir).resolve()
     _fresh(root)
 
     say(f"starting 3 members (data under {root})")

@@ -35,15 +35,18 @@ from pathlib import Path
 from typing import Any
 
 from flotilla.client import Client, FlotillaError
+from flotilla.progress import Bar, read_restore_progress
 
 __all__ = [
     "DEFAULT_DIR",
     "STATE_FILE",
     "AlreadyRunning",
+    "BadOption",
     "LocalCluster",
     "LocalClusterError",
     "Member",
     "NoCluster",
+    "archive_url",
     "default_archive_url",
     "locked",
     "node_accepts_flag",
@@ -67,6 +70,10 @@ class NoCluster(LocalClusterError):
 
 class AlreadyRunning(LocalClusterError):
     pass
+
+
+class BadOption(LocalClusterError):
+    """An option the cluster cannot be started with (a usage error: exit 2)."""
 
 
 class _BindFailed(LocalClusterError):
@@ -125,6 +132,21 @@ class ClusterState:
 def default_archive_url(root: Path) -> str:
     """The archive a local cluster ships to unless told otherwise: ``file://DIR/archive``."""
     return (root.resolve() / "archive").as_uri()
+
+
+def archive_url(text: str, option: str = "--archive") -> str:
+    """An archive URL as the members need it: ``s3://...`` or an absolute ``file://`` URL. A
+    plain path (relative ones included) is taken as a local directory and made absolute now,
+    since members run in the cluster directory, not where the user typed it."""
+    from flotilla.node.archive.urls import parse_archive_url
+
+    if "://" not in text:
+        text = Path(text).resolve().as_uri()
+    try:
+        parse_archive_url(text)
+    except ValueError as exc:
+        raise BadOption(f"{option}: {exc}") from None
+    return text
 
 
 def node_accepts_flag(flag: str) -> bool:
@@ -230,8 +252,14 @@ class LocalCluster:
     """
 
     def __init__(self, root: Path | str, state: ClusterState) -> None:
-        self.root = Path(root)
+        # Absolute from here on: members are started with the cluster dir as their working
+        # directory, and archive URLs are built from it, so a relative path (the default
+        # `.flotilla`) would mean two different places.
+        self.root = Path(root).resolve()
         self.state = state
+        for m in state.members:  # state files written before paths were made absolute
+            m.data_dir = str(self.root / m.data_dir)
+            m.log_file = str(self.root / m.log_file)
         self._procs: dict[str, subprocess.Popen] = {}
 
     # --- the state file -------------------------------------------------------------------
@@ -280,6 +308,10 @@ class LocalCluster:
             raise LocalClusterError(f"--replicas must be between 1 and "
                                     f"{10 if base_port else 99}, not {replicas}")
         root = Path(root).resolve()
+        if archive is not None:
+            archive = archive_url(archive)
+        if restore_from is not None:
+            restore_from = archive_url(restore_from, "--restore-from")
         root.mkdir(parents=True, exist_ok=True)
         names = [f"n{i + 1}" for i in range(replicas)]
         if base_port:
@@ -504,19 +536,29 @@ class LocalCluster:
                                         f"in {self.root}")
             time.sleep(0.05)
 
-    def wait_ready(self, timeout: float = 60.0, require: Sequence[str] = ()) -> str:
-        """Return the leader's name once a leader serves a linearizable read. Raises when time
-        runs out, or when a member of ``require`` exits first (with the end of its log)."""
+    def wait_ready(self, timeout: float = 60.0, require: Sequence[str] = (),
+                   on_wait: Callable[[], None] | None = None) -> str:
+        """Return the leader's name once a leader serves a linearizable read and every member
+        of ``require`` answers on its own port (a majority can serve while one member is still
+        failing to start). Raises when time runs out, or when a member of ``require`` exits
+        first (with its last word)."""
         deadline = time.monotonic() + timeout
         last = "no attempt"
+        waiting = list(require)
         with self.client(timeout=2.0) as client:
             while True:
-                for name in require:
+                for name in waiting:
                     if not self.is_alive(name):
                         raise self._exited(name)
+                if on_wait is not None:
+                    on_wait()
+                waiting = [n for n in waiting if self.member_status(n, timeout=0.5) is None]
                 try:
                     client.list(limit=1)
-                    return client.status()["name"]
+                    leader = client.status()["name"]
+                    if not waiting:
+                        return leader
+                    last = f"{', '.join(waiting)} not answering yet"
                 except FlotillaError as exc:
                     last = str(exc)
                 if time.monotonic() > deadline:
@@ -535,8 +577,14 @@ class LocalCluster:
         tail = self.log_tail(name, 15)
         this_run = tail.rpartition("--- flotilla: start at")[2]
         cls = _BindFailed if "cannot listen" in this_run else LocalClusterError
-        return cls(f"{name} exited{'' if code is None else f' with {code}'} while starting; "
-                   f"the end of {self.member(name).log_file}:\n{tail}")
+        # One line: the member's own last word (a fatal error is its last line) and where the
+        # rest of its log is.
+        lines = [line for line in this_run.splitlines()[1:] if line.strip()]
+        why = next((line for line in reversed(lines) if line.startswith("flotilla node:")),
+                   lines[-1] if lines else "no output")
+        return cls(f"{name} exited{'' if code is None else f' with {code}'} while starting: "
+                   f"{why.removeprefix('flotilla node: ')} (its log: "
+                   f"{self.member(name).log_file})")
 
     def log_tail(self, name: str, lines: int = 20) -> str:
         try:
@@ -569,8 +617,16 @@ def locked(root: Path | str) -> Iterator[None]:
     """Hold ``root``'s lock file: two `flotilla up` (or up and down) in one directory at the
     same time would each start members, or stop what the other starts."""
     root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / ".lock", "a+b") as f:
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        lock = open(root / ".lock", "a+b")  # noqa: SIM115 (closed below)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        if root.exists() and not root.is_dir():
+            reason = "it is a file, not a directory"
+        raise BadOption(f"cannot use {root} as the cluster directory: {reason}; "
+                        "pass --dir a directory (it is created when missing)") from None
+    with lock as f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -615,23 +671,21 @@ def _up(root: Path, replicas: int, *, election_timeout_ms: int, heartbeat_ms: in
     if LocalCluster.exists(root):
         cluster = LocalCluster.load(root)
         running = cluster.alive()
-        if running:
+        if len(running) == len(cluster.members):
             raise AlreadyRunning(
                 f"a cluster is already running in {root} (members "
                 f"{', '.join(f'{n} pid {cluster.member(n).pid}' for n in running)}); "
                 f"`flotilla status --dir {root}` shows it, `flotilla down --dir {root}` stops it")
-        state = cluster.state
-        if replicas != len(cluster.members):
-            say(f"note: {root} holds a stopped {len(cluster.members)}-member cluster; resuming "
-                f"it as it was (--replicas {replicas} applies to a new cluster only)")
-        if (election_timeout_ms, heartbeat_ms) != (state.election_timeout_ms,
-                                                   state.heartbeat_ms):
-            say(f"note: resuming with the original timing (--election-timeout-ms "
-                f"{state.election_timeout_ms} --heartbeat-ms {state.heartbeat_ms})")
-        if archive is not None and archive != state.archive:
-            say(f"note: resuming with the original archive {state.archive}")
-        cluster.start()
-        leader = cluster.wait_ready(timeout, require=cluster.names)
+        _resume_notes(cluster, replicas, election_timeout_ms, heartbeat_ms, archive, say)
+        down = [n for n in cluster.names if n not in running]
+        if running:
+            say(f"{', '.join(running)} running; starting {', '.join(down)}")
+        try:
+            cluster.start(down)
+            leader = cluster.wait_ready(timeout, require=down)
+        except BaseException:
+            cluster.stop(timeout=5, names=down)  # only what this call started
+            raise
         cluster.mark_bootstrapped()  # a state file from before the flag was turned
         return cluster, leader
     for attempt in range(3):
@@ -639,21 +693,54 @@ def _up(root: Path, replicas: int, *, election_timeout_ms: int, heartbeat_ms: in
                                       heartbeat_ms=heartbeat_ms, archive=archive,
                                       base_port=base_port, restore_from=restore_from,
                                       restore_index=restore_index)
-        cluster.start()
         try:
-            leader = cluster.wait_ready(timeout, require=cluster.names)
+            cluster.start()
+            with Bar() as bar:
+                leader = cluster.wait_ready(
+                    timeout, require=cluster.names,
+                    on_wait=_show_restore(cluster, bar) if restore_from else None)
             cluster.mark_bootstrapped()
             return cluster, leader
-        except _BindFailed:
-            if base_port is not None or attempt == 2:
-                raise
-            say("note: a port was taken while the members started; trying other ports")
+        except BaseException as exc:
+            # Nothing of a cluster that never served is worth keeping: stop every member this
+            # call started and remove its state and data dirs, so the next `up` starts clean
+            # instead of finding half a cluster (elected, even) or a remembered bad flag.
             cluster.stop(timeout=5)
             _forget(cluster)
-        except BaseException:
-            cluster.stop(timeout=5)
-            raise
+            if not isinstance(exc, _BindFailed) or base_port is not None or attempt == 2:
+                raise
+            say("note: a port was taken while the members started; trying other ports")
     raise LocalClusterError("could not find free ports for the members; try again")
+
+
+def _show_restore(cluster: LocalCluster, bar: Bar) -> Callable[[], None]:
+    """Follow the first member's restore (every initial member does the same work)."""
+    first = cluster.members[0]
+
+    def show() -> None:
+        doc = read_restore_progress(first.data_dir)
+        if doc is not None:
+            what = "fetching from the archive" if doc["stage"] == "fetch" else "replaying"
+            bar.show(doc["stage"], f"{first.name} {what}", doc["done"], doc["total"],
+                     doc["unit"])
+    return show
+
+
+def _resume_notes(cluster: LocalCluster, replicas: int, election_timeout_ms: int,
+                  heartbeat_ms: int, archive: str | None, say: Callable[[str], None]) -> None:
+    """Say which options of this `up` a stopped cluster does not take: it resumes exactly as
+    it first ran, and says how to start over instead."""
+    root, state = cluster.root, cluster.state
+    anew = (f"to start over with other options, `flotilla down --dir {root}` and delete "
+            f"{root} (its data goes with it), or use another --dir")
+    if replicas != len(cluster.members):
+        say(f"note: {root} holds a {len(cluster.members)}-member cluster; resuming it as it "
+            f"was (--replicas applies to a new cluster; `flotilla scale N` resizes this one)")
+    if (election_timeout_ms, heartbeat_ms) != (state.election_timeout_ms, state.heartbeat_ms):
+        say(f"note: resuming with the original timing (--election-timeout-ms "
+            f"{state.election_timeout_ms} --heartbeat-ms {state.heartbeat_ms}); {anew}")
+    if archive is not None and archive != state.archive:
+        say(f"note: resuming with the original archive {state.archive}; {anew}")
 
 
 def _forget(cluster: LocalCluster) -> None:

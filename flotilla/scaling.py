@@ -21,6 +21,7 @@ from flotilla.client import FlotillaError
 from flotilla.local import HOST, LocalCluster, LocalClusterError, Member, free_ports, locked
 from flotilla.operator.members import ADMIN_TIMEOUT, MEMBERSHIP_STEPS, call
 from flotilla.operator.planner import Action, Observed, Plan, Record, Slot, Step, plan
+from flotilla.progress import Bar
 
 __all__ = ["scale", "slot_name"]
 
@@ -56,10 +57,15 @@ class _Scaler:
         self.say = say
 
     def run(self, timeout: float) -> Plan:
+        with Bar() as bar:
+            return self._run(timeout, bar)
+
+    def _run(self, timeout: float, bar: Bar) -> Plan:
         deadline = time.monotonic() + timeout
         last_wait = None
         while True:
             result = plan(self.observe())
+            _show_catch_up(result, bar)
             self.cluster.state.record = result.record.to_json()
             self.cluster.save()
             action = result.action
@@ -166,3 +172,20 @@ def _joining_member(cluster: LocalCluster, name: str, peer: int, client: int) ->
     if state.archive_passed and state.archive:
         args += ["--archive", state.archive]
     return Member(name, peer, client, data_dir, str(cluster.root / f"{name}.log"), args)
+
+
+def _show_catch_up(result: Plan, bar: Bar) -> None:
+    """While learners catch up, a bar of the slowest one's match index against the leader's
+    commit index (entries, rate, time left); closed once none is behind."""
+    doc = result.leader_status or {}
+    members = doc.get("members") or {}
+    commit = doc.get("commit_index") or 0
+    behind = {name: members.get(name, {}).get("match_index") or 0
+              for name in (doc.get("config") or {}).get("learners") or ()}
+    behind = {name: match for name, match in behind.items() if match < commit}
+    if not behind:
+        bar.close()
+        return
+    slowest = min(behind, key=behind.__getitem__)
+    names = ", ".join(sorted(behind))
+    bar.show(f"catch-up {names}", f"{names} catching up", behind[slowest], commit, "entries")

@@ -14,8 +14,11 @@ its next start and does the restore again (with the same flags) instead of start
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import shutil
+import time
 from pathlib import Path
 
 from flotilla.node.archive import ClusterArchive, open_archive
@@ -29,6 +32,33 @@ from .config import NodeConfig
 log = logging.getLogger(__name__)
 
 MARKER = "restore.pending"
+PROGRESS = "restore.progress"
+
+
+class ProgressFile:
+    """How far a restore has come, in ``DATA_DIR/restore.progress`` as one JSON object
+    ``{"stage": "fetch"|"replay", "done": n, "total": n, "unit": "B"|"entries"}``, for whoever
+    started the member (``flotilla up --restore-from`` draws a progress bar from it). Written
+    atomically, at most every ``interval`` seconds except at a stage's ends; removed when the
+    restore ends, whichever way."""
+
+    def __init__(self, path: Path, interval: float = 0.2) -> None:
+        self.path = path
+        self.interval = interval
+        self._last = 0.0
+
+    def __call__(self, stage: str, done: int, total: int, unit: str) -> None:
+        now = time.monotonic()
+        if now - self._last < self.interval and 0 < done < total:
+            return
+        self._last = now
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps({"stage": stage, "done": done, "total": total,
+                                   "unit": unit}))
+        os.replace(tmp, self.path)
+
+    def remove(self) -> None:
+        self.path.unlink(missing_ok=True)
 
 
 def pending(data_dir: Path) -> bool:
@@ -45,22 +75,28 @@ def restore(cfg: NodeConfig, data_dir: Path, snapshots: SnapshotStore,
     Raises ArchiveError (nothing usable in the archive) or StorageError."""
     archive = open_archive(cfg.restore_from, endpoint=cfg.s3_endpoint, region=cfg.s3_region)
     work = data_dir / "restore-work"
+    progress = ProgressFile(data_dir / PROGRESS)
     try:
         old_id = resolve_cluster_id(archive, cfg.restore_cluster_id, excluding=cfg.cluster_id)
         cluster = ClusterArchive(archive, old_id)
         shutil.rmtree(work, ignore_errors=True)
-        prepared = cluster.prepare_restore(work, cfg.restore_index)
+        prepared = cluster.prepare_restore(
+            work, cfg.restore_index, lambda done, total: progress("fetch", done, total, "B"))
         plan = prepared.plan
         log.info("restoring cluster %s from %s: %s", old_id, cluster.url, plan.describe())
         sm = KVStateMachine()
         if prepared.snapshot_path is not None:
             with snapshots.open_payload(prepared.snapshot_path) as payload:
                 sm.restore(payload)
-        replayed = 0
+        replayed, to_replay = 0, plan.index - plan.base_index
+        progress("replay", 0, to_replay, "entries")
         for entry in prepared.entries():
             if entry.kind == EntryKind.NORMAL:
                 sm.apply(entry.index, entry.data)
             replayed += 1
+            if replayed % 4096 == 0:
+                progress("replay", replayed, to_replay, "entries")
+        progress("replay", replayed, to_replay, "entries")
         meta = SnapshotMeta(plan.index, 0, membership)
         frozen = sm.freeze()
         try:
@@ -73,6 +109,7 @@ def restore(cfg: NodeConfig, data_dir: Path, snapshots: SnapshotStore,
     finally:
         archive.close()
         shutil.rmtree(work, ignore_errors=True)
+        progress.remove()
     (data_dir / MARKER).unlink()
     return meta
 

@@ -446,12 +446,14 @@ class ClusterArchive:
         return replay(plan, (self.read_segment(segment) for segment in plan.segments))
 
     def prepare_restore(
-        self, work_dir: str | os.PathLike[str], index: int | None = None
+        self, work_dir: str | os.PathLike[str], index: int | None = None,
+        progress: Callable[[int, int], None] | None = None,
     ) -> PreparedRestore:
         """Download and verify everything needed to rebuild `index` into `work_dir`, trying
         older snapshots when an object is corrupt or missing. Raises ArchiveCorrupt listing
-        every failure when no intact way remains."""
-        return prepare_restore(self, Path(work_dir), index)
+        every failure when no intact way remains. `progress(bytes_done, bytes_total)` follows
+        the downloads."""
+        return prepare_restore(self, Path(work_dir), index, progress)
 
     def fetch_segment(self, segment: SegmentRecord, dest: Path) -> Path:
         """Download one segment to `dest` and verify it whole (SHA-256, records, range)."""

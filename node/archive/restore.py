@@ -122,15 +122,22 @@ def replay(plan: RestorePlan, segments: Iterable[list[Entry]]) -> Iterator[Entry
         )
 
 
-def prepare_restore(cluster: ClusterArchive, work: Path, index: int | None) -> PreparedRestore:
-    """See `ClusterArchive.prepare_restore`."""
+def prepare_restore(cluster: ClusterArchive, work: Path, index: int | None,
+                    progress: Callable[[int, int], None] | None = None) -> PreparedRestore:
+    """See `ClusterArchive.prepare_restore`. `progress(bytes_done, bytes_total)` is called
+    after each object a plan needs is in place (the total is the plan's, so it can grow when
+    a corrupt object sends the restore to an older snapshot)."""
     (work / "segments").mkdir(parents=True, exist_ok=True)
     bad: dict[str, ArchiveError] = {}  # key -> why it cannot be used
     fetched: dict[str, Path] = {}  # verified segment files, shared by the candidates
     failures: list[str] = []
     plans = cluster.restore_candidates(index)
+    report = progress or (lambda _done, _total: None)
     for plan in plans:
         snapshot_path = meta = None
+        total = (plan.snapshot.size if plan.snapshot else 0) + sum(s.size for s in plan.segments)
+        done = 0
+        report(done, total)
         try:
             if plan.snapshot is not None:
                 snapshot = plan.snapshot
@@ -139,12 +146,16 @@ def prepare_restore(cluster: ClusterArchive, work: Path, index: int | None) -> P
                 )
                 meta = _once(snapshot.key, bad, cluster.download_snapshot, snapshot,
                              snapshot_path)
+                done += snapshot.size
+                report(done, total)
             for segment in plan.segments:
                 if segment.key not in fetched:
                     dest = work / "segments" / Path(segment.key).name
                     fetched[segment.key] = _once(
                         segment.key, bad, cluster.fetch_segment, segment, dest
                     )
+                done += segment.size
+                report(done, total)
         except (ArchiveCorrupt, ArchiveNotFound) as exc:
             if snapshot_path is not None:
                 snapshot_path.unlink(missing_ok=True)

@@ -332,15 +332,26 @@ class KVStateMachine:
     # -- snapshots --------------------------------------------------------------------------
 
     def _header(self, key_count: int, session_count: int) -> dict[str, Any]:
-        return {
-            "version": SNAPSHOT_VERSION,
-            "applied_index": self.applied_index,
-            "clock": self._sessions.clock,
-            "session_ttl_ms": self._sessions.ttl_ms,
-            "session_window": self._sessions.window,
-            "keys": key_count,
-            "sessions": session_count,
-        }
+        return payload_header(self.applied_index, self._sessions.clock, self._sessions.ttl_ms,
+                              self._sessions.window, key_count, session_count)
+
+    def records(self) -> Iterator[_Entry]:
+        """Every (key, value, mod_index), ascending by key: the snapshot's key records."""
+        lookup = self._lookup
+        for key in self._keys:
+            yield lookup(key)  # type: ignore[misc]
+
+    def sessions(self) -> list[Session]:
+        """The sessions of this moment, in snapshot order."""
+        return self._sessions.frozen()
+
+    @property
+    def session_ttl_ms(self) -> int:
+        return self._sessions.ttl_ms
+
+    @property
+    def session_window(self) -> int:
+        return self._sessions.window
 
     def write_snapshot(self, stream: BinaryIO) -> None:
         sessions = self._sessions.frozen()
@@ -457,7 +468,7 @@ def _write_payload(
 ) -> None:
     """Write a snapshot payload, `_WRITE_RECORDS` records per write call: memory stays flat,
     and a writer thread offers the GIL to the applying thread at every call."""
-    pack = _packer().pack
+    pack = packer().pack
     write = stream.write
     write(pack(header))
     written = 0
@@ -474,7 +485,7 @@ def _write_payload(
     if written != header["keys"]:
         raise AssertionError(f"snapshot wrote {written} keys, its header says {header['keys']}")
     for s in sessions:
-        write(pack((s.client, s.last_seq, s.last_active, s.results)))
+        write(pack(session_record(s)))
 
 
 @contextmanager
@@ -490,9 +501,29 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _packer() -> msgpack.Packer:
+def payload_header(applied_index: int, clock: int, session_ttl_ms: int, session_window: int,
+                   keys: int, sessions: int) -> dict[str, Any]:
+    """The first record of a snapshot payload (its field order is part of the bytes)."""
+    return {
+        "version": SNAPSHOT_VERSION,
+        "applied_index": applied_index,
+        "clock": clock,
+        "session_ttl_ms": session_ttl_ms,
+        "session_window": session_window,
+        "keys": keys,
+        "sessions": sessions,
+    }
+
+
+def session_record(s: Session) -> tuple[str, int, int, tuple[tuple[int, Any], ...]]:
+    """A session as the payload stores it."""
+    return (s.client, s.last_seq, s.last_active, s.results)
+
+
+def packer() -> msgpack.Packer:
+    """The packer of commands and snapshot records (any str, lone surrogates included)."""
     return msgpack.Packer(unicode_errors="surrogatepass")
 
 
 def _packb(obj: Any) -> bytes:
-    return _packer().pack(obj)
+    return packer().pack(obj)

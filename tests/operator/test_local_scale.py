@@ -8,7 +8,10 @@ its old data."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -156,3 +159,48 @@ def test_scale_of_a_stopped_cluster_says_how_to_start_it(cluster_dir: Path, caps
     cluster.stop(timeout=5)
     assert cli_main(["scale", "3", "--dir", str(cluster_dir)]) == 1
     assert "flotilla up --dir" in capsys.readouterr().err
+
+
+def _flotilla(cwd: Path, *argv: str, timeout: float = 150) -> subprocess.CompletedProcess:
+    """`flotilla ARGV` as a user runs it in `cwd`: a separate process, the default --dir."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLOTILLA_")}
+    return subprocess.run([sys.executable, "-m", "flotilla", *argv], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_scale_5_3_5_with_the_default_relative_dir_under_load(tmp_path: Path):
+    """The default `--dir .flotilla` is relative: members added by `scale` are started inside
+    the cluster dir, so any data dir built from the relative path would land in
+    `.flotilla/.flotilla/n4`, outlive scale-down, and make the next scale-up loop on wiping a
+    volume it could not find."""
+    root = tmp_path / ".flotilla"
+    try:
+        made = _flotilla(tmp_path, "up", "--election-timeout-ms", "500", "--heartbeat-ms", "50")
+        assert made.returncode == 0, made.stdout + made.stderr
+
+        def urls() -> list[str]:
+            return local.LocalCluster.load(root).endpoints
+
+        w = TracedWorkload(urls, KEYS, clients=3, duration=180.0, seed=11, timeout=2.0,
+                           mix={"put": 0.4, "get": 0.4, "delete": 0.1, "cas": 0.1},
+                           history=TracedHistory())
+        with w:
+            wait_for(lambda: w.ok_count >= 30, 20, "the workload to get going")
+            for n, members in ((5, ["n4", "n5"]), (3, []), (5, ["n4", "n5"])):
+                done = w.ok_count
+                scaled = _flotilla(tmp_path, "scale", str(n), "--timeout", "120")
+                assert scaled.returncode == 0, scaled.stdout + scaled.stderr
+                assert scaled.stdout.count("reset-volume") == 0, scaled.stdout
+                assert not (root / ".flotilla").exists(), "a data dir nested in the cluster dir"
+                assert sorted(p.name for p in root.glob("n[4-9]") if p.is_dir()) == members
+                cluster = local.LocalCluster.load(root)
+                assert config_of(cluster, cluster.leader()) == (
+                    [f"n{i}" for i in range(1, n + 1)], [], None)
+                wait_for(lambda done=done: w.ok_count >= done + 30, 20, f"writes at {n}")
+        cluster = local.LocalCluster.load(root)
+        reads = read_final_reads({m: cluster.url(m) for m in cluster.names}, KEYS)
+        result = check_final_state(w.history, {k: r.value for k, r in reads.items()},
+                                   timeout=90)
+        assert result.ok, f"{diagnostics(w)}\n{result.explain()}"
+    finally:
+        _flotilla(tmp_path, "down", "--timeout", "5")
