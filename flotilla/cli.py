@@ -1,26 +1,43 @@
 """The `flotilla` command: run a member, a local cluster, and talk to a cluster.
 
 Exit codes: 0 on success; 1 when the command could not do its job (key not found, no leader,
-a cluster already running...), with one line on stderr; 2 for bad usage.
+nothing answering, a cluster already running...), with one line on stderr; 2 for bad usage
+(a flag, argument or environment variable the command cannot take), also one line on stderr.
+No input ends in a traceback: an error is a sentence saying what to do next.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
+from urllib.parse import urlsplit
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
+#: Where `flotilla up` keeps the admin token under DIR (mode 0600), read by the other commands.
+TOKEN_FILE = "admin-token"
+
 DESCRIPTION = "Flotilla: Raft replicated-state-machine clusters."
 EPILOG = """\
-`flotilla COMMAND --help` describes each command. up, status, scale, down and kv find the local
-cluster in --dir (default ./.flotilla); kv and status also take --endpoints URL,URL.
-Exit codes: 0 success, 1 the command failed (one line on stderr), 2 bad usage.
+`flotilla COMMAND --help` describes each command; docs/cli.md describes them all.
+
+Finding the cluster: up, down and scale work on the local cluster in --dir; status, kv,
+member, leader and snapshot take --dir or --endpoints URL,URL. Without either flag they use
+FLOTILLA_ENDPOINTS, else FLOTILLA_DIR, else ./.flotilla. Admin calls send --token (else
+FLOTILLA_TOKEN, else DIR/admin-token when that file exists). A flag always beats the
+environment.
+
+Output: status, kv ls and member list take -o json|yaml|table (status --json = -o json).
+Shell completion: source <(flotilla completion bash), or zsh.
+
+Exit codes: 0 success; 1 the command failed (one line on stderr); 2 bad usage (one line on
+stderr).
 """
 
 
@@ -28,7 +45,20 @@ class CommandError(Exception):
     """A failure worth one line on stderr and exit code 1."""
 
 
-# --- parsers --------------------------------------------------------------------------------
+class UsageError(Exception):
+    """Input the command cannot take, found after parsing (the environment, flags that only
+    conflict together): one line on stderr and exit code 2, like argparse's own errors."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr: the synopsis argparse prints first
+    would push the reason off a small terminal, and `--help` is one flag away."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see `{self.prog} --help`)\n")
+
+
+# --- argument types -------------------------------------------------------------------------
 
 
 def _positive(text: str) -> int:
@@ -47,31 +77,121 @@ def _non_negative(text: str) -> int:
     return int(text)
 
 
+#: `flotilla up` names members n1..n99; with --base-port, clients listen at BASE+10+i.
+MAX_REPLICAS, MAX_REPLICAS_FIXED_PORTS = 99, 10
+
+
+def _replicas(text: str) -> int:
+    value = _positive(text)
+    if value > MAX_REPLICAS:
+        raise argparse.ArgumentTypeError(f"at most {MAX_REPLICAS} members, not {value}")
+    return value
+
+
+def _base_port(text: str) -> int:
+    value = _positive(text)
+    top = 65535 - 10 - (MAX_REPLICAS_FIXED_PORTS - 1)
+    if value > top:
+        raise argparse.ArgumentTypeError(f"expected a port up to {top} (clients listen up to "
+                                         f"BASE+19), not {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """A duration that can bound a wait: finite and above zero (`0`, `nan` and `inf` would
+    give up at once, never, or compare false with every clock reading)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, like 5 or 0.5, not {text!r}") \
+            from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, not {text!r}")
+    return value
+
+
+def _key(text: str) -> str:
+    if not text:
+        raise argparse.ArgumentTypeError("a key is not empty")
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        raise argparse.ArgumentTypeError(f"a key is UTF-8 text, and {text!r} is not (bytes "
+                                         "your locale cannot decode)") from None
+    return text
+
+
+def _word(what: str) -> Callable[[str], str]:
+    def check(text: str) -> str:
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f"{what} is not empty")
+        return text
+    check.__name__ = what  # argparse names the type in "invalid <name> value" messages
+    return check
+
+
+def _member_url(text: str) -> str:
+    try:
+        parts = urlsplit(text)
+        port = parts.port
+    except ValueError:
+        parts, port = None, None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname \
+            or port is None:
+        raise argparse.ArgumentTypeError(f"expected a URL like http://127.0.0.1:2380, not "
+                                         f"{text!r}")
+    return text
+
+
+# --- the parser -----------------------------------------------------------------------------
+
+
+def _add_dir(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dir", default=None,
+                   help="the local cluster's directory (default: FLOTILLA_DIR, else "
+                        "./.flotilla); a regular file, or a path under one, is bad usage "
+                        "(exit 2)")
+
+
+def _add_find(p: argparse.ArgumentParser, timeout: float = 5.0) -> None:
+    """--dir or --endpoints, --timeout and --token: how a client command finds and calls the
+    cluster."""
+    _add_dir(p)
+    p.add_argument("--endpoints", default=None, metavar="URL,URL",
+                   help="client URLs of the cluster, comma-separated, instead of --dir "
+                        "(default: FLOTILLA_ENDPOINTS)")
+    p.add_argument("--token", type=_word("token"), default=None,
+                   help="the admin token sent as a bearer token (default: FLOTILLA_TOKEN, "
+                        f"else DIR/{TOKEN_FILE} when it exists)")
+    p.add_argument("--timeout", type=_seconds, default=timeout,
+                   help=f"seconds a request may take, retries included (default {timeout:g})")
+
+
+def _add_output(p: argparse.ArgumentParser, choices: Sequence[str], default: str) -> None:
+    p.add_argument("-o", "--output", choices=choices, default=default,
+                   help=f"output format: {', '.join(choices)} (default {default})")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="flotilla", description=DESCRIPTION, epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"flotilla {_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
     commands.add_parser("node", add_help=False,
                         help="run one cluster member (flotilla node --help)")
 
-    where = argparse.ArgumentParser(add_help=False)
-    where.add_argument("--dir", default=None,
-                       help="the local cluster's directory (default ./.flotilla)")
-    find = argparse.ArgumentParser(add_help=False, parents=[where])
-    find.add_argument("--endpoints", default=None,
-                      help="client URLs of the cluster, comma-separated (instead of --dir)")
-    find.add_argument("--timeout", type=float, default=5.0,
-                      help="seconds a request may take, retries included (default 5)")
-
     p = commands.add_parser(
-        "up", parents=[where],
+        "up",
         help="start a local cluster of N member processes (or resume a stopped one)",
         description="Start N `flotilla node` processes on 127.0.0.1 with free ports, each with "
                     "its own data dir and log under --dir, and return once a leader serves a "
                     "linearizable read. If --dir holds a stopped cluster, its members are "
                     "restarted with the flags they first ran with.")
-    p.add_argument("--replicas", type=_positive, default=3, help="members (default 3)")
+    _add_dir(p)
+    p.add_argument("--replicas", type=_replicas, default=3,
+                   help=f"members, 1 to {MAX_REPLICAS} ({MAX_REPLICAS_FIXED_PORTS} with "
+                        "--base-port; default 3)")
     p.add_argument("--archive", default=None,
                    help="where snapshots and log segments are shipped: s3://bucket/prefix or "
                         "file:///path (default file://DIR/archive)")
@@ -84,45 +204,49 @@ def build_parser() -> argparse.ArgumentParser:
                    help="members' election timeout (default 1000)")
     p.add_argument("--heartbeat-ms", type=_positive, default=100,
                    help="members' heartbeat interval (default 100)")
-    p.add_argument("--base-port", type=_positive, default=None,
+    p.add_argument("--base-port", type=_base_port, default=None,
                    help="fixed ports: peers at BASE+i, clients at BASE+10+i (default: free "
                         "ports)")
-    p.add_argument("--timeout", type=float, default=60.0,
+    p.add_argument("--timeout", type=_seconds, default=60.0,
                    help="seconds to wait for a leader to serve (default 60)")
     p.set_defaults(run=cmd_up)
 
     p = commands.add_parser(
-        "status", parents=[find],
-        help="show the members of a cluster (--json: the leader's /v1/status)",
+        "status",
+        help="show the members of a cluster (-o json: the leader's /v1/status)",
         description="A table of the members: role, term, commit and applied index, client URL "
-                    "and, for a local cluster, whether its pid is alive. Exits 1 when no "
-                    "leader is known.")
-    p.add_argument("--json", action="store_true",
-                   help="print the leader's /v1/status document instead")
+                    "and, for a local cluster, whether its pid is alive. The leader named is a "
+                    "member that answered and says it leads. Exits 1 when no leader is known.")
+    _add_find(p)
+    _add_output(p, ("table", "json", "yaml"), "table")
+    p.add_argument("--json", dest="output", action="store_const", const="json",
+                   help="the same as -o json: the leader's /v1/status document")
     p.set_defaults(run=cmd_status)
 
     p = commands.add_parser(
-        "down", parents=[where],
+        "down",
         help="stop a local cluster (SIGTERM, then SIGKILL); data is kept",
         description="SIGTERM every member (a leader hands leadership over first), SIGKILL "
                     "those still running after --timeout. Data dirs and logs are kept: "
                     "`flotilla up` resumes the cluster.")
-    p.add_argument("--timeout", type=float, default=15.0,
+    _add_dir(p)
+    p.add_argument("--timeout", type=_seconds, default=15.0,
                    help="seconds to wait after SIGTERM before SIGKILL (default 15)")
     p.set_defaults(run=cmd_down)
 
     p = commands.add_parser(
-        "scale", parents=[where],
+        "scale",
         help="change a local cluster to exactly N voters (joint consensus, one step at a time)",
         description="Through the operator's planner: new members start empty and join as "
                     "learners, catch up, and become voters in one joint-consensus change; "
                     "leaving members hand leadership over first, leave in one joint change, "
                     "then stop. Returns once the configuration is exactly N voters, not "
                     "joint.")
-    p.add_argument("replicas", type=_positive, metavar="N", help="voters wanted")
-    p.add_argument("--timeout", type=float, default=300.0,
+    _add_dir(p)
+    p.add_argument("replicas", type=_replicas, metavar="N", help="voters wanted")
+    p.add_argument("--timeout", type=_seconds, default=300.0,
                    help="seconds to wait for the change to finish (default 300)")
-    p.add_argument("--catch-up-timeout", type=float, default=600.0,
+    p.add_argument("--catch-up-timeout", type=_seconds, default=600.0,
                    help="a learner still behind after this many seconds is removed and added "
                         "again, never promoted (default 600)")
     p.add_argument("--keep-removed-data", action="store_true",
@@ -136,34 +260,106 @@ def build_parser() -> argparse.ArgumentParser:
     kv = commands.add_parser("kv", help="the command-line client: kv put|get|del|ls",
                              description="The command-line client of the key-value API.")
     ops = kv.add_subparsers(dest="op", metavar="OP", required=True)
-    p = ops.add_parser("put", parents=[find], help="write KEY = VALUE",
+    p = ops.add_parser("put", help="write KEY = VALUE",
                        description="Write VALUE (or, with `-`, the bytes of stdin) under KEY "
                                    "and print the write's index.")
-    p.add_argument("key")
+    p.add_argument("key", type=_key)
     p.add_argument("value", help="the value, or - to read it from stdin")
     p.add_argument("--prev-index", type=_non_negative, default=None,
                    help="compare-and-set: only if the key's mod index is this (0: must not "
                         "exist); exit 1 otherwise")
+    _add_find(p)
     p.set_defaults(run=cmd_kv_put)
-    p = ops.add_parser("get", parents=[find], help="print KEY's value",
+    p = ops.add_parser("get", help="print KEY's value",
                        description="Write KEY's value, as raw bytes, to stdout. Exit 1 with "
                                    "'key not found' when it does not exist.")
-    p.add_argument("key")
+    p.add_argument("key", type=_key)
     p.add_argument("--serializable", action="store_true",
                    help="answer from the member's local state (may be stale; works without a "
                         "leader)")
+    _add_find(p)
     p.set_defaults(run=cmd_kv_get)
-    p = ops.add_parser("del", parents=[find], help="delete KEY",
+    p = ops.add_parser("del", help="delete KEY",
                        description="Delete KEY; prints 1 if it existed, 0 if it did not.")
-    p.add_argument("key")
+    p.add_argument("key", type=_key)
+    _add_find(p)
     p.set_defaults(run=cmd_kv_del)
-    p = ops.add_parser("ls", parents=[find], help="list keys",
+    p = ops.add_parser("ls", help="list keys",
                        description="Print the keys starting with PREFIX, one per line, "
-                                   "ascending.")
+                                   "ascending (-o json|yaml: with the index they reflect).")
     p.add_argument("prefix", nargs="?", default="")
     p.add_argument("--limit", type=_positive, default=None, help="at most this many keys")
+    _add_find(p)
+    _add_output(p, ("plain", "json", "yaml", "table"), "plain")
     p.set_defaults(run=cmd_kv_ls)
+
+    member = commands.add_parser(
+        "member", help="list, add and remove members (admin API)",
+        description="The cluster's membership through the admin API (POST /v1/members, "
+                    "DELETE /v1/members/NAME), as the leader sees it.")
+    ops = member.add_subparsers(dest="op", metavar="OP", required=True)
+    p = ops.add_parser("list", help="one row per member: role, URLs, match index",
+                       description="Every member as the leader sees it: name, role "
+                                   "(leader, follower, learner), peer and client URL, and "
+                                   "the index up to which the leader knows its log matches.")
+    _add_find(p)
+    _add_output(p, ("table", "json", "yaml"), "table")
+    p.set_defaults(run=cmd_member_list)
+    p = ops.add_parser("add", help="add NAME as a learner",
+                       description="Add NAME as a learner (it receives the log but does not "
+                                   "vote); returns once that configuration is committed. "
+                                   "Start NAME with --initial-cluster-state existing.")
+    p.add_argument("name", type=_word("name"), metavar="NAME")
+    p.add_argument("--peer-url", type=_member_url, required=True,
+                   help="the URL other members dial for Raft traffic")
+    p.add_argument("--client-url", type=_member_url, required=True,
+                   help="the URL clients and forwarding members use")
+    _add_find(p, timeout=30.0)
+    p.set_defaults(run=cmd_member_add)
+    p = ops.add_parser("remove", help="remove NAME (a learner, or a voter by joint consensus)",
+                       description="Remove a learner, or a voter through joint consensus; "
+                                   "returns once the new configuration is committed.")
+    p.add_argument("name", type=_word("name"), metavar="NAME")
+    _add_find(p, timeout=30.0)
+    p.set_defaults(run=cmd_member_remove)
+
+    leader = commands.add_parser("leader", help="move leadership (admin API)",
+                                 description="Leadership through the admin API "
+                                             "(POST /v1/leader).")
+    ops = leader.add_subparsers(dest="op", metavar="OP", required=True)
+    p = ops.add_parser("move", help="hand leadership to voter NAME",
+                       description="Hand leadership to voter NAME; returns once it leads.")
+    p.add_argument("name", type=_word("name"), metavar="NAME")
+    _add_find(p, timeout=30.0)
+    p.set_defaults(run=cmd_leader_move)
+
+    p = commands.add_parser(
+        "snapshot", help="snapshot the leader's state now (admin API)",
+        description="The leader writes a snapshot now and ships it to its archive, if it has "
+                    "one; prints its index, term, size and location.")
+    _add_find(p, timeout=60.0)
+    _add_output(p, ("plain", "json", "yaml"), "plain")
+    p.set_defaults(run=cmd_snapshot)
+
+    p = commands.add_parser(
+        "completion", help="print a shell completion script: bash or zsh",
+        description="Print a completion script for SHELL. bash: `source <(flotilla "
+                    "completion bash)` (in ~/.bashrc to keep it). zsh: `source <(flotilla "
+                    "completion zsh)`, or save it as _flotilla in a directory of $fpath.")
+    p.add_argument("shell", choices=("bash", "zsh"), metavar="SHELL", help="bash or zsh")
+    p.set_defaults(run=cmd_completion)
     return parser
+
+
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("flotilla")
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        from flotilla import __version__
+
+        return __version__
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -182,7 +378,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         args = parser.parse_args(argv)
-    except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
+    except SystemExit as exc:  # argparse: --help, --version (0) or a usage error (2)
         return int(exc.code or 0)
     if not hasattr(args, "run"):
         parser.print_help(sys.stderr)
@@ -191,12 +387,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     from flotilla.local import BadOption, LocalClusterError
 
     try:
+        _locate(args, os.environ)
         return args.run(args)
-    except BadOption as exc:
+    except UsageError as exc:
+        _fail(args, f"{exc} (see `{_prog(args)} --help`)")
+        return EXIT_USAGE
+    except BadOption as exc:  # an option local.py cannot start a cluster with
         _fail(args, str(exc))
         return EXIT_USAGE
     except (CommandError, FlotillaError, LocalClusterError) as exc:
-        _fail(args, str(exc))
+        _fail(args, _explain(args, exc))
+        return EXIT_FAILED
+    except json.JSONDecodeError as exc:
+        # Something answers at the endpoint, but not with a member's JSON.
+        _fail(args, f"the answer is not JSON ({exc}): is this a flotilla member's client URL?")
         return EXIT_FAILED
     except KeyboardInterrupt:
         return 130
@@ -204,11 +408,90 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The reader went away (`flotilla kv ls | head`): not an error worth a traceback.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_FAILED
+    except OSError as exc:
+        # The file system said no (a --dir we may not write, a full disk): its sentence is
+        # the whole story, with the path.
+        where = f": {exc.filename}" if exc.filename else ""
+        _fail(args, f"{exc.strerror or exc}{where}")
+        return EXIT_FAILED
+
+
+def _prog(args: argparse.Namespace) -> str:
+    return " ".join(x for x in ("flotilla", args.command, getattr(args, "op", None)) if x)
 
 
 def _fail(args: argparse.Namespace, message: str) -> None:
-    name = " ".join(x for x in ("flotilla", args.command, getattr(args, "op", None)) if x)
-    print(f"{name}: {message}", file=sys.stderr)
+    print(f"{_prog(args)}: {message}", file=sys.stderr)
+
+
+def _explain(args: argparse.Namespace, exc: Exception) -> str:
+    """The error's sentence, and what to do about it when that is ours to know."""
+    from flotilla.client import Unauthorized, Unreachable
+
+    text = str(exc)
+    if isinstance(exc, Unreachable) and not getattr(args, "endpoints", None):
+        text += f"; is the cluster stopped? `flotilla up --dir {args.dir}` starts it again"
+    elif isinstance(exc, Unauthorized):
+        text += "; give the admin token with --token or FLOTILLA_TOKEN"
+    return text
+
+
+def _locate(args: argparse.Namespace, env: Mapping[str, str]) -> None:
+    """Settle --dir, --endpoints and --token from the flags, else the environment (a flag
+    beats env; FLOTILLA_ENDPOINTS beats FLOTILLA_DIR), and check them, so that commands only
+    ever see usable values."""
+    if not hasattr(args, "dir"):
+        return
+    finds = hasattr(args, "endpoints")  # the commands that may talk to any cluster
+    if finds:
+        if args.dir is not None and args.endpoints is not None:
+            raise UsageError("give --dir or --endpoints, not both")
+        if args.endpoints is not None:
+            _check_endpoints(args.endpoints, "--endpoints")
+        elif args.dir is None and env.get("FLOTILLA_ENDPOINTS"):
+            args.endpoints = env["FLOTILLA_ENDPOINTS"]
+            _check_endpoints(args.endpoints, "FLOTILLA_ENDPOINTS")
+        if args.token is None and env.get("FLOTILLA_TOKEN"):
+            args.token = env["FLOTILLA_TOKEN"]
+        if args.endpoints is not None:
+            return
+    if args.dir is not None:
+        _check_dir(args.dir, "--dir")
+    elif env.get("FLOTILLA_DIR"):
+        args.dir = env["FLOTILLA_DIR"]
+        _check_dir(args.dir, "FLOTILLA_DIR")
+    else:
+        from flotilla.local import DEFAULT_DIR
+
+        args.dir = DEFAULT_DIR
+
+
+def _check_dir(text: str, source: str) -> None:
+    if not text:
+        raise UsageError(f"{source} is empty: give a directory")
+    path = Path(text)
+    for at in (path, *path.parents):
+        try:
+            if not at.exists() or at.is_dir():
+                continue
+        except OSError:
+            return  # not ours to judge (permissions): the command says what failed
+        what = "it is" if at == path else f"{at} is"
+        raise UsageError(f"{source}: cannot use {text} as the cluster directory: {what} a "
+                         "file, not a directory")
+
+
+def _check_endpoints(text: str, source: str) -> None:
+    from flotilla.client import normalize_endpoint
+
+    urls = [e for e in text.split(",") if e.strip()]
+    if not urls:
+        raise UsageError(f"{source} is empty: give client URLs like http://127.0.0.1:2379")
+    for url in urls:
+        try:
+            normalize_endpoint(url)
+        except ValueError as exc:
+            raise UsageError(f"{source}: {exc}") from None
 
 
 # --- local clusters -------------------------------------------------------------------------
@@ -227,6 +510,9 @@ def _say(text: str) -> None:
 def cmd_up(args: argparse.Namespace) -> int:
     from flotilla import local
 
+    if args.base_port is not None and args.replicas > MAX_REPLICAS_FIXED_PORTS:
+        raise UsageError(f"--replicas is at most {MAX_REPLICAS_FIXED_PORTS} with --base-port "
+                         f"(clients listen at BASE+10+i), not {args.replicas}")
     root = _dir(args)
     resuming = local.LocalCluster.exists(root)
     cluster, leader = local.up(
@@ -280,81 +566,142 @@ def _rel(path: str) -> str:
         return path
 
 
-# --- status ---------------------------------------------------------------------------------
+# --- finding and calling a cluster ----------------------------------------------------------
+
+
+def _token(args: argparse.Namespace) -> str | None:
+    """--token or FLOTILLA_TOKEN (settled by `_locate`), else the token `flotilla up` keeps
+    in the local cluster's directory."""
+    if args.token is not None or args.endpoints is not None:
+        return args.token
+    path = _dir(args) / TOKEN_FILE
+    try:
+        return path.read_text().strip() or None
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise CommandError(f"cannot read the admin token in {path}: {exc.strerror}") from None
 
 
 def _client(args: argparse.Namespace):
-    """A client for --endpoints, else for the members recorded in --dir."""
+    """A client for --endpoints, else for the members recorded in --dir. A user waits on it:
+    when nothing listens at any endpoint it says so at once, rather than after --timeout."""
     from flotilla.client import Client
     from flotilla.local import LocalCluster
 
-    if args.endpoints:
-        try:
-            return Client(args.endpoints, timeout=args.timeout)
-        except ValueError as exc:
-            raise CommandError(f"--endpoints: {exc}") from None
-    return Client(LocalCluster.load(_dir(args)).endpoints, timeout=args.timeout)
+    endpoints = args.endpoints or LocalCluster.load(_dir(args)).endpoints
+    return Client(endpoints, timeout=args.timeout, token=_token(args), stop_when_refused=True)
+
+
+def _with_client(fn: Callable[[Any, argparse.Namespace], int]) -> Callable[..., int]:
+    def run(args: argparse.Namespace) -> int:
+        with _client(args) as client:
+            return fn(client, args)
+    run.__doc__ = fn.__doc__
+    return run
+
+
+def _emit(doc: Any, output: str) -> None:
+    """A document as JSON or YAML on stdout (the formats of kubectl's and etcdctl's -o)."""
+    if output == "json":
+        print(json.dumps(doc, indent=2, sort_keys=True))
+        return
+    import yaml  # PyYAML: installed with the kubernetes client, a dependency of flotilla
+
+    sys.stdout.write(yaml.safe_dump(doc, sort_keys=True, default_flow_style=False,
+                                    allow_unicode=True))
+
+
+def _print_table(rows: list[dict[str, Any]]) -> None:
+    if not rows:
+        return
+    columns = list(rows[0])
+    widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in columns}
+    print("  ".join(f"{c:<{widths[c]}}" for c in columns).rstrip())
+    for r in rows:
+        print("  ".join(f"{r[c]!s:<{widths[c]}}" for c in columns).rstrip())
+
+
+# --- status ---------------------------------------------------------------------------------
+
+
+def known_leader(docs: Mapping[str, Mapping[str, Any] | None]) -> str | None:
+    """The leader `flotilla status` names, from each member's own /v1/status (None: no answer).
+
+    Only a member that answered and says it leads: the others' `leader` field may name a
+    leader that has just died (they learn of it only when their election timer fires). Of
+    several that say so (an old leader cut off from the rest still believes it leads), the one
+    in the highest term.
+    """
+    claims = [(int(doc.get("term") or 0), name) for name, doc in docs.items()
+              if doc is not None and doc.get("role") == "leader"]
+    return max(claims)[1] if claims else None
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from flotilla.client import Client, FlotillaError
+    from flotilla.client import Client, FlotillaError, Unreachable
     from flotilla.local import LocalCluster
 
     cluster = None if args.endpoints else LocalCluster.load(_dir(args))
+    token = _token(args)
     with _client(args) as client:
-        if args.json:
+        if args.output != "table":
             try:
                 doc = client.status()
+            except Unreachable:
+                raise
             except FlotillaError as exc:
                 raise CommandError(f"no leader answered: {exc}") from None
-            print(json.dumps(doc, indent=2, sort_keys=True))
+            _emit(doc, args.output)
             return EXIT_OK
-        rows: list[dict[str, Any]] = []
         if cluster is not None:
             members = [(m.name, m.client_url) for m in cluster.members]
         else:
             members = _members_from_endpoints(client)
-        docs: dict[str, dict[str, Any] | None] = {}
-        for name, url in members:
-            try:
-                with Client(url, timeout=min(1.0, args.timeout), retries=0) as one:
-                    docs[name] = one.status(url)
-            except (FlotillaError, ValueError):
-                docs[name] = None
-        for name, url in members:
-            doc = docs[name]
-            if cluster is not None:
-                pid = cluster.member(name).pid
-                alive = cluster.is_alive(name)
-                process = f"{pid} alive" if alive else (f"{pid} dead" if pid else "stopped")
-            else:
-                process = "-"
-            rows.append({
-                "MEMBER": name,
-                "ROLE": doc.get("role", "?") if doc else "no answer",
-                "TERM": doc.get("term", "") if doc else "-",
-                "COMMIT": doc.get("commit_index", "") if doc else "-",
-                "APPLIED": doc.get("applied_index", "") if doc else "-",
-                "CLIENT URL": url,
-                "PID": process,
-            })
-    leaders = {d.get("leader") for d in docs.values() if d and d.get("leader")}
+    docs: dict[str, dict[str, Any] | None] = {}
+    for name, url in members:
+        try:
+            with Client(url, timeout=min(1.0, args.timeout), retries=0, token=token) as one:
+                docs[name] = one.status(url)
+        except (FlotillaError, ValueError):
+            docs[name] = None
+    rows: list[dict[str, Any]] = []
+    for name, url in members:
+        doc = docs[name]
+        if cluster is not None:
+            pid = cluster.member(name).pid
+            alive = cluster.is_alive(name)
+            process = f"{pid} alive" if alive else (f"{pid} dead" if pid else "stopped")
+        else:
+            process = "-"
+        rows.append({
+            "MEMBER": name,
+            "ROLE": doc.get("role", "?") if doc else "no answer",
+            "TERM": doc.get("term", "") if doc else "-",
+            "COMMIT": doc.get("commit_index", "") if doc else "-",
+            "APPLIED": doc.get("applied_index", "") if doc else "-",
+            "CLIENT URL": url,
+            "PID": process,
+        })
+    leader = known_leader(docs)
     answering = [d for d in docs.values() if d]
     cluster_id = answering[0].get("cluster_id") if answering else (
         cluster.state.cluster_id if cluster else "?")
     where = f" in {_dir(args)}" if cluster is not None else ""
-    leader_text = ", ".join(sorted(leaders)) if leaders else "none known"
-    print(f"cluster {cluster_id}{where}: {len(members)} members, leader {leader_text}")
+    print(f"cluster {cluster_id}{where}: {len(members)} members, leader "
+          f"{leader or 'none known'}")
     _print_table(rows)
-    return EXIT_OK if leaders else EXIT_FAILED
+    return EXIT_OK if leader else EXIT_FAILED
 
 
 def _members_from_endpoints(client) -> list[tuple[str, str]]:
     """(name, client URL) of every member, from the leader's status (or any member's)."""
-    from flotilla.client import FlotillaError
+    from flotilla.client import FlotillaError, Unreachable
 
     try:
         doc = client.status()
+    except Unreachable:
+        raise
     except FlotillaError:
         doc = None
         for url in client.endpoints:
@@ -368,25 +715,7 @@ def _members_from_endpoints(client) -> list[tuple[str, str]]:
     return [(name, m.get("client_url") or "?") for name, m in sorted(doc["members"].items())]
 
 
-def _print_table(rows: list[dict[str, Any]]) -> None:
-    if not rows:
-        return
-    columns = list(rows[0])
-    widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in columns}
-    print("  ".join(f"{c:<{widths[c]}}" for c in columns).rstrip())
-    for r in rows:
-        print("  ".join(f"{r[c]!s:<{widths[c]}}" for c in columns).rstrip())
-
-
 # --- kv -------------------------------------------------------------------------------------
-
-
-def _with_client(fn: Callable[[Any, argparse.Namespace], int]) -> Callable[..., int]:
-    def run(args: argparse.Namespace) -> int:
-        with _client(args) as client:
-            return fn(client, args)
-    run.__doc__ = fn.__doc__
-    return run
 
 
 @_with_client
@@ -423,10 +752,78 @@ def cmd_kv_del(client, args: argparse.Namespace) -> int:
 @_with_client
 def cmd_kv_ls(client, args: argparse.Namespace) -> int:
     result = client.list(args.prefix, limit=args.limit)
-    out = sys.stdout
-    for key in result.keys:
-        out.write(key + "\n")
-    out.flush()
+    if args.output in ("json", "yaml"):
+        _emit({"index": result.index, "keys": result.keys}, args.output)
+    elif args.output == "table":
+        _print_table([{"KEY": key} for key in result.keys])
+    else:
+        out = sys.stdout
+        for key in result.keys:
+            out.write(key + "\n")
+        out.flush()
+    return EXIT_OK
+
+
+# --- admin ----------------------------------------------------------------------------------
+
+
+@_with_client
+def cmd_member_list(client, args: argparse.Namespace) -> int:
+    doc = client.status()
+    members = [{"name": name, "role": m.get("role"), "peer_url": m.get("peer_url"),
+                "client_url": m.get("client_url"), "match_index": m.get("match_index")}
+               for name, m in sorted((doc.get("members") or {}).items())]
+    if args.output != "table":
+        _emit({"leader": doc.get("leader"), "term": doc.get("term"), "members": members},
+              args.output)
+        return EXIT_OK
+    _print_table([{"NAME": m["name"], "ROLE": m["role"] or "?",
+                   "PEER URL": m["peer_url"] or "-", "CLIENT URL": m["client_url"] or "-",
+                   "MATCH INDEX": "-" if m["match_index"] is None else m["match_index"]}
+                  for m in members])
+    return EXIT_OK
+
+
+@_with_client
+def cmd_member_add(client, args: argparse.Namespace) -> int:
+    client.add_member(args.name, args.peer_url, args.client_url)
+    print(f"added {args.name} as a learner (peer {args.peer_url}, client {args.client_url})")
+    return EXIT_OK
+
+
+@_with_client
+def cmd_member_remove(client, args: argparse.Namespace) -> int:
+    client.remove_member(args.name)
+    print(f"removed {args.name}")
+    return EXIT_OK
+
+
+@_with_client
+def cmd_leader_move(client, args: argparse.Namespace) -> int:
+    result = client.transfer_leader(args.name)
+    term = result.get("term")
+    print(f"leader: {result.get('leader') or args.name}" + (f" (term {term})" if term else ""))
+    return EXIT_OK
+
+
+@_with_client
+def cmd_snapshot(client, args: argparse.Namespace) -> int:
+    doc = client.snapshot()
+    if args.output != "plain":
+        _emit(doc, args.output)
+        return EXIT_OK
+    for field in ("index", "term", "bytes", "location"):
+        print(f"{field}: {doc.get(field) if doc.get(field) is not None else '-'}")
+    return EXIT_OK
+
+
+# --- completion -----------------------------------------------------------------------------
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    from flotilla import completion
+
+    sys.stdout.write(completion.script(args.shell, build_parser()))
     return EXIT_OK
 
 

@@ -12,6 +12,8 @@ What a call does for you (CONTRACT.md, "Client API"):
 * **Retries.** Connection errors, timeouts and ``503`` (no leader; ``Retry-After`` is honoured)
   are retried with exponential backoff until ``retries`` re-sends or ``timeout`` seconds are
   used up; then ``Unavailable`` is raised. ``timeout`` bounds the whole call, retries included.
+  With ``stop_when_refused=True`` a call that finds every endpoint refusing connections (nothing
+  listens there: a stopped cluster) raises ``Unreachable`` at once instead.
 * **Exactly-once writes.** Every put and delete carries ``Flotilla-Client: <client_id>`` and
   ``Flotilla-Seq: <n>``, a new ``n`` per call; a retry re-sends the same pair, so a write whose
   answer was lost is applied once and the retry gets the first outcome.
@@ -53,6 +55,7 @@ __all__ = [
     "TooLarge",
     "Unauthorized",
     "Unavailable",
+    "Unreachable",
     "key_path",
     "normalize_endpoint",
 ]
@@ -125,6 +128,12 @@ class Unavailable(FlotillaError):
     For a write the outcome is unknown; retrying it with the same client is still safe only
     through the exactly-once session, which this client already used for every attempt.
     """
+
+
+class Unreachable(Unavailable):
+    """Every endpoint refused the connection during one call: no process listens at any of
+    them (``Client(stop_when_refused=True)`` only). Waiting would not help, unlike a
+    missing leader: an election ends by itself, a stopped member does not start by itself."""
 
 
 _BY_STATUS: dict[int, type[FlotillaError]] = {
@@ -239,6 +248,9 @@ class Client:
     ``first_seq``: the first sequence number (to continue a session of ``client_id``).
     ``prefer_leader=False`` sends to the endpoints themselves, round-robin, and lets them
     forward: to spread serializable reads, or to show forwarding.
+    ``stop_when_refused=True`` raises ``Unreachable`` as soon as every endpoint has refused a
+    connection during a call, instead of retrying until ``timeout``: right for a command a user
+    waits on, wrong for a program riding out a restart of the whole cluster (off by default).
     """
 
     def __init__(
@@ -253,6 +265,7 @@ class Client:
         backoff: float = 0.05,
         max_backoff: float = 1.0,
         prefer_leader: bool = True,
+        stop_when_refused: bool = False,
     ) -> None:
         if isinstance(endpoints, str):
             endpoints = endpoints.split(",")
@@ -269,6 +282,7 @@ class Client:
         self.backoff = backoff
         self.max_backoff = max_backoff
         self.prefer_leader = prefer_leader
+        self.stop_when_refused = stop_when_refused
         self._seq = first_seq - 1
         self._leader_url: str | None = None
         # Where calls go while it answers: the leader once known; else, for a short while, a
@@ -461,6 +475,9 @@ class Client:
             began = time.monotonic()
             deadline = deadline if deadline is not None else began + self.timeout
             failed: set[str] = set()  # members that did not answer during this call
+            # Endpoints whose latest attempt in this call was refused (nothing listens there).
+            refused: set[str] = set()
+            candidates = {only} if only else set(self.endpoints)
             delay = self.backoff
             last = "no attempt was made"
             for attempt in range(self.retries + 1):
@@ -469,7 +486,9 @@ class Client:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
-                url = only or self._pick(failed, deadline, prefer_leader)
+                url = only or self._pick(failed, deadline, prefer_leader, refused)
+                if self.stop_when_refused and candidates <= refused:
+                    raise Unreachable(_refused_by(sorted(candidates)), code="unreachable")
                 if url is None:
                     last = "no member answered: " + ", ".join(self.endpoints)
                     failed.clear()
@@ -483,6 +502,13 @@ class Client:
                 except _TRANSPORT_ERRORS as exc:
                     last = f"{url} did not answer: {_describe(exc)}"
                     failed.add(url)
+                    if isinstance(exc, ConnectionRefusedError):
+                        refused.add(url)
+                        if self.stop_when_refused and candidates <= refused:
+                            raise Unreachable(_refused_by(sorted(candidates)),
+                                              code="unreachable") from None
+                    else:
+                        refused.discard(url)
                     if url in (self._target, self._leader_url):
                         self._forget_target()
                     if only is None and not set(self.endpoints) <= failed:
@@ -490,6 +516,7 @@ class Client:
                     failed.clear()
                     pause = delay
                 else:
+                    refused.discard(url)
                     if answer.status in ok:
                         return answer
                     if answer.status != 503:
@@ -516,9 +543,11 @@ class Client:
                               f"{time.monotonic() - began:.1f}s; last: {last}",
                               code="unavailable")
 
-    def _pick(self, failed: set[str], deadline: float, prefer_leader: bool) -> str | None:
+    def _pick(self, failed: set[str], deadline: float, prefer_leader: bool,
+              refused: set[str]) -> str | None:
         """The member to send to: the known leader, else the leader an endpoint names, else
-        that endpoint; None when every endpoint failed during this call."""
+        that endpoint; None when every endpoint failed during this call. Endpoints that
+        refuse the connection are added to ``refused``, those that answer taken out."""
         target = self._target
         if (prefer_leader and target and target not in failed
                 and (target == self._leader_url or time.monotonic() < self._target_until)):
@@ -530,7 +559,7 @@ class Client:
                 continue
             if not prefer_leader:
                 return url
-            alive, leader = self._discover(url, deadline)
+            alive, leader = self._discover(url, deadline, refused)
             if not alive:
                 failed.add(url)
                 continue
@@ -550,13 +579,19 @@ class Client:
     def _forget_target(self) -> None:
         self._target = self._leader_url = None
 
-    def _discover(self, url: str, deadline: float) -> tuple[bool, str | None]:
+    def _discover(self, url: str, deadline: float,
+                  refused: set[str]) -> tuple[bool, str | None]:
         """Ask ``url`` who leads: (whether it answered, the leader's client URL if known)."""
         try:
             answer = self._exchange(url, "GET", "/v1/status", None, {},
                                     max(0.05, min(1.0, deadline - time.monotonic())))
+            refused.discard(url)
             doc = answer.json() if answer.status == 200 else {}
+        except ConnectionRefusedError:
+            refused.add(url)
+            return False, None
         except _TRANSPORT_ERRORS:
+            refused.discard(url)
             return False, None
         except ValueError:
             return True, None
@@ -619,6 +654,11 @@ class Client:
         self._used.discard(url)
         if conn is not None:
             conn.close()
+
+
+def _refused_by(urls: list[str]) -> str:
+    return (f"nothing answers at {', '.join(urls)} (connection refused): no member process "
+            "listens there")
 
 
 def _describe(exc: BaseException) -> str:

@@ -3,21 +3,70 @@
 It talks to the API server as kubectl would: the pod's service account in a cluster, else
 the local kubeconfig (KUBECONFIG). One replica at a time (kopf standalone mode: the chart runs
 a single replica with the Recreate strategy).
+
+Exit codes: 0 after a clean stop; 1 when it cannot reach Kubernetes at all (no in-cluster
+service account and no usable kubeconfig), with one line saying what to do; 2 for bad flags.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
-EXIT_OK, EXIT_USAGE = 0, 2
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def kubernetes_config_problem() -> str | None:
+    """Why kopf could not log in to any cluster, or None when it can.
+
+    kopf logs in through the kubernetes client's loaders (in-cluster first, then the
+    kubeconfig). Without either it retries inside its event loop and ends in a page of
+    tracebacks; asking the same loaders first turns that into one sentence.
+    """
+    import yaml
+    from kubernetes import config
+    from kubernetes.config.config_exception import ConfigException
+
+    try:
+        config.load_incluster_config()
+        return None
+    except ConfigException as exc:
+        in_cluster = str(exc).rstrip(".")
+    try:
+        config.load_kube_config()
+        return None
+    except (ConfigException, OSError, yaml.YAMLError) as exc:
+        kubeconfig = " ".join(str(exc).split()).rstrip(".")
+    where = os.environ.get("KUBECONFIG") or "~/.kube/config"
+    return (f"no Kubernetes cluster to talk to: not running in a pod ({in_cluster}) and no "
+            f"usable kubeconfig at {where} ({kubeconfig}); set KUBECONFIG to a kubeconfig "
+            "file (the one kubectl uses), or run the operator inside a cluster")
+
+
+class _Parser(argparse.ArgumentParser):
+    """A usage error is one line on stderr, as for every `flotilla` command."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see `{self.prog} --help`)\n")
+
+
+def _interval(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, not {text!r}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="flotilla operator",
         description="Reconcile RaftCluster objects (flotilla.dev/v1alpha1) into StatefulSets, "
                     "Services and PodDisruptionBudgets, and drive membership changes through "
@@ -29,9 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--default-image", default=os.environ.get("FLOTILLA_DEFAULT_IMAGE"),
                    help="the image for RaftClusters without spec.image "
                         "(env FLOTILLA_DEFAULT_IMAGE)")
-    p.add_argument("--interval", type=float,
-                   default=float(os.environ.get("FLOTILLA_OPERATOR_INTERVAL", "5")),
-                   help="seconds between reconciles of each cluster (default 5)")
+    p.add_argument("--interval", type=_interval,
+                   # a string default goes through the type too, so a bad env value is a
+                   # usage error, not a traceback
+                   default=os.environ.get("FLOTILLA_OPERATOR_INTERVAL") or "5",
+                   help="seconds between reconciles of each cluster (env "
+                        "FLOTILLA_OPERATOR_INTERVAL; default 5)")
     p.add_argument("--liveness", default=None, metavar="URL",
                    help="serve a liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
     p.add_argument("--verbose", "-v", action="store_true", help="debug logging")
@@ -47,15 +99,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("flotilla operator: give --namespace or --all-namespaces, not both",
               file=sys.stderr)
         return EXIT_USAGE
-    if args.interval <= 0:
-        print("flotilla operator: --interval must be > 0", file=sys.stderr)
-        return EXIT_USAGE
     # Read by the handlers module at import (kopf timers take their interval there).
     os.environ["FLOTILLA_OPERATOR_INTERVAL"] = str(args.interval)
     if args.default_image:
         os.environ["FLOTILLA_DEFAULT_IMAGE"] = args.default_image
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    problem = kubernetes_config_problem()
+    if problem is not None:
+        print(f"flotilla operator: {problem}", file=sys.stderr)
+        return EXIT_FAILED
 
     import kopf
 

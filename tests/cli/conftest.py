@@ -8,7 +8,11 @@ use the function-scoped ``local_cluster`` factory instead. Both skip, with the r
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +21,25 @@ from tests.harness.processes import LocalCluster
 
 #: Fast elections keep the suite quick; the CLI takes the same through `up`.
 FAST = {"election_timeout_ms": 500, "heartbeat_ms": 50}
+
+
+def flotilla(*args: str, cwd: Path | None = None, stdin: bytes | None = None,
+             timeout: float = 60, env: Mapping[str, str] | None = None
+             ) -> subprocess.CompletedProcess:
+    """`flotilla ARGS` as a user runs it: none of the caller's FLOTILLA_* variables, only
+    those in ``env``."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("FLOTILLA_")}
+    return subprocess.run([sys.executable, "-m", "flotilla", *args], cwd=cwd, input=stdin,
+                          capture_output=True, timeout=timeout, env={**clean, **(env or {})})
+
+
+def text(result: subprocess.CompletedProcess) -> str:
+    return (result.stdout + result.stderr).decode(errors="replace")
+
+
+def ok(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode == 0, text(result)
+    return result.stdout.decode()
 
 
 @pytest.fixture(scope="module")

@@ -7,9 +7,7 @@ lifecycle story (up, up refused, down, up resumes) runs its own, from the defaul
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,27 +15,11 @@ from pathlib import Path
 import pytest
 
 from flotilla.local import LocalCluster, pid_is_member
-from tests.cli.conftest import FAST
+from tests.cli.conftest import FAST, flotilla, ok, text
 from tests.harness.fixtures import require_node
 
 FAST_FLAGS = ["--election-timeout-ms", str(FAST["election_timeout_ms"]),
               "--heartbeat-ms", str(FAST["heartbeat_ms"])]
-
-
-def flotilla(*args: str, cwd: Path | None = None, stdin: bytes | None = None,
-             timeout: float = 60) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLOTILLA_")}
-    return subprocess.run([sys.executable, "-m", "flotilla", *args], cwd=cwd, input=stdin,
-                          capture_output=True, timeout=timeout, env=env)
-
-
-def text(result: subprocess.CompletedProcess) -> str:
-    return (result.stdout + result.stderr).decode(errors="replace")
-
-
-def ok(result: subprocess.CompletedProcess) -> str:
-    assert result.returncode == 0, text(result)
-    return result.stdout.decode()
 
 
 def _tear_down(root: Path) -> None:
@@ -137,6 +119,84 @@ def test_kv_compare_and_set_failure_is_one_line_and_exit_1(up_dir):
     assert len(refused.stderr.decode().strip().splitlines()) == 1
 
 
+def test_status_and_kv_ls_speak_json_and_yaml(up_dir):
+    import yaml
+
+    d = ["--dir", str(up_dir)]
+    ok(flotilla("kv", "put", "fmt/a", "1", *d))
+    ok(flotilla("kv", "put", "fmt/b", "2", *d))
+    as_json = json.loads(ok(flotilla("status", "-o", "json", *d)))
+    assert as_json["role"] == "leader" and sorted(as_json["members"]) == ["n1", "n2", "n3"]
+    as_yaml = yaml.safe_load(ok(flotilla("status", "-o", "yaml", *d)))
+    assert as_yaml["cluster_id"] == as_json["cluster_id"] and as_yaml["role"] == "leader"
+    listed = json.loads(ok(flotilla("kv", "ls", "fmt/", "-o", "json", *d)))
+    assert listed["keys"] == ["fmt/a", "fmt/b"] and listed["index"] >= 2
+    assert yaml.safe_load(ok(flotilla("kv", "ls", "fmt/", "-o", "yaml", *d)))["keys"] == [
+        "fmt/a", "fmt/b"]
+    assert ok(flotilla("kv", "ls", "fmt/", "-o", "table", *d)).split() == ["KEY", "fmt/a",
+                                                                         "fmt/b"]
+
+
+def test_the_environment_finds_the_cluster_and_a_flag_beats_it(up_dir, tmp_path):
+    ok(flotilla("kv", "put", "env/k", "v", "--dir", str(up_dir)))
+    assert ok(flotilla("kv", "get", "env/k", env={"FLOTILLA_DIR": str(up_dir)})) == "v"
+    endpoints = ",".join(LocalCluster.load(up_dir).endpoints)
+    assert ok(flotilla("kv", "get", "env/k", env={"FLOTILLA_ENDPOINTS": endpoints})) == "v"
+    # FLOTILLA_ENDPOINTS beats FLOTILLA_DIR; --dir beats both.
+    elsewhere = {"FLOTILLA_DIR": str(tmp_path / "none"), "FLOTILLA_ENDPOINTS": endpoints}
+    assert ok(flotilla("kv", "get", "env/k", env=elsewhere)) == "v"
+    nowhere = {"FLOTILLA_DIR": str(tmp_path / "none"),
+               "FLOTILLA_ENDPOINTS": "http://127.0.0.1:1"}
+    assert ok(flotilla("kv", "get", "env/k", "--dir", str(up_dir), env=nowhere)) == "v"
+    assert ok(flotilla("status", env={"FLOTILLA_DIR": str(up_dir)})).startswith("cluster ")
+
+
+def test_member_list_add_remove(up_dir):
+    import yaml
+
+    d = ["--dir", str(up_dir)]
+    lines = ok(flotilla("member", "list", *d)).splitlines()
+    assert lines[0].split() == ["NAME", "ROLE", "PEER", "URL", "CLIENT", "URL", "MATCH", "INDEX"]
+    rows = [line.split() for line in lines[1:]]
+    cluster = LocalCluster.load(up_dir)
+    assert [r[0] for r in rows] == ["n1", "n2", "n3"]
+    assert sorted(r[1] for r in rows) == ["follower", "follower", "leader"]
+    assert [r[2] for r in rows] == [m.peer_url for m in cluster.members]
+    assert [r[3] for r in rows] == [m.client_url for m in cluster.members]
+    assert all(r[4].isdigit() for r in rows)
+
+    # A learner that never starts: the configuration commits without it.
+    add = ok(flotilla("member", "add", "n9", "--peer-url", "http://127.0.0.1:9",
+                      "--client-url", "http://127.0.0.1:19", *d))
+    assert add.startswith("added n9 as a learner")
+    doc = json.loads(ok(flotilla("member", "list", "-o", "json", *d)))
+    added = {m["name"]: m for m in doc["members"]}["n9"]
+    assert added["role"] == "learner" and added["peer_url"] == "http://127.0.0.1:9"
+    assert doc["leader"] in ("n1", "n2", "n3")
+    assert ok(flotilla("member", "remove", "n9", *d)).strip() == "removed n9"
+    listed = yaml.safe_load(ok(flotilla("member", "list", "-o", "yaml", *d)))
+    assert [m["name"] for m in listed["members"]] == ["n1", "n2", "n3"]
+
+    gone = flotilla("member", "remove", "n9", *d)
+    assert gone.returncode == 1 and "not a member" in gone.stderr.decode()
+    assert len(gone.stderr.decode().strip().splitlines()) == 1
+
+
+def test_leader_move_and_snapshot(up_dir):
+    d = ["--dir", str(up_dir)]
+    leader = json.loads(ok(flotilla("status", "-o", "json", *d)))["name"]
+    target = next(n for n in ("n1", "n2", "n3") if n != leader)
+    assert ok(flotilla("leader", "move", target, *d)).startswith(f"leader: {target}")
+    assert json.loads(ok(flotilla("status", "-o", "json", *d)))["name"] == target
+
+    ok(flotilla("kv", "put", "snap/k", "v", *d))
+    fields = dict(line.split(": ", 1) for line in ok(flotilla("snapshot", *d)).splitlines())
+    assert list(fields) == ["index", "term", "bytes", "location"]
+    assert int(fields["index"]) >= 1 and int(fields["term"]) >= 1 and int(fields["bytes"]) > 0
+    as_json = json.loads(ok(flotilla("snapshot", "-o", "json", *d)))
+    assert as_json["index"] >= int(fields["index"])
+
+
 def test_commands_without_a_cluster_say_so(tmp_path):
     for args in (["status"], ["down"], ["kv", "get", "k"]):
         result = flotilla(*args, "--dir", str(tmp_path / "none"))
@@ -183,6 +243,9 @@ def test_member_helpers_kill_and_restart_by_name(up_dir):
     leader = cluster.leader()
     cluster.kill(leader)
     assert leader not in cluster.alive()
+    # The others still name the dead leader until their election timers fire: status does not.
+    first = ok_or_1(flotilla("status", "--dir", str(up_dir))).splitlines()[0]
+    assert not first.endswith(f"leader {leader}"), first
     assert LocalCluster.load(up_dir).member(leader).pid is None
     with cluster.client(timeout=15) as c:
         c.put("cli/after-kill", b"served")

@@ -14,6 +14,7 @@ from flotilla.client import (
     FlotillaError,
     NotFound,
     Unavailable,
+    Unreachable,
     key_path,
     normalize_endpoint,
 )
@@ -103,6 +104,31 @@ def test_nothing_answering_ends_in_unavailable_naming_the_endpoints():
     with Client(url, timeout=0.5) as c, pytest.raises(Unavailable) as caught:
         c.get("k")
     assert url in str(caught.value)
+
+
+def test_every_endpoint_refusing_ends_at_once_when_asked_to():
+    urls = [dead_url(), dead_url()]
+    with Client(urls, timeout=30, stop_when_refused=True) as c:
+        began = time.monotonic()
+        with pytest.raises(Unreachable) as caught:
+            c.get("k")
+        assert time.monotonic() - began < 2.0
+    assert caught.value.code == "unreachable"
+    assert all(url in str(caught.value) for url in urls)
+
+
+def test_one_endpoint_answering_is_enough_when_the_others_refuse(stub):
+    with Client([dead_url(), stub.url, dead_url()], timeout=3, stop_when_refused=True) as c:
+        c.put("k", b"v")
+        assert c.get("k").value == b"v"
+
+
+def test_no_leader_is_still_waited_out_when_refusals_end_calls(stub):
+    stub.canned = [UNAVAILABLE] * 3
+    with Client([dead_url(), stub.url], timeout=5, stop_when_refused=True,
+                prefer_leader=False) as c:
+        c.put("k", b"v")
+    assert stub.index == 1
 
 
 def test_a_keep_alive_connection_closed_by_the_server_is_replaced(stub):
