@@ -20,8 +20,6 @@ from urllib.parse import urlsplit
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
-#: Where `flotilla up` keeps the admin token under DIR (mode 0600), read by the other commands.
-TOKEN_FILE = "admin-token"
 
 DESCRIPTION = "Flotilla: Raft replicated-state-machine clusters."
 EPILOG = """\
@@ -162,7 +160,7 @@ def _add_find(p: argparse.ArgumentParser, timeout: float = 5.0) -> None:
                         "(default: FLOTILLA_ENDPOINTS)")
     p.add_argument("--token", type=_word("token"), default=None,
                    help="the admin token sent as a bearer token (default: FLOTILLA_TOKEN, "
-                        f"else DIR/{TOKEN_FILE} when it exists)")
+                        "else DIR/admin-token when it exists)")
     p.add_argument("--timeout", type=_seconds, default=timeout,
                    help=f"seconds a request may take, retries included (default {timeout:g})")
 
@@ -572,14 +570,14 @@ def _rel(path: str) -> str:
 def _token(args: argparse.Namespace) -> str | None:
     """--token or FLOTILLA_TOKEN (settled by `_locate`), else the token `flotilla up` keeps
     in the local cluster's directory."""
+    from flotilla.local import TOKEN_FILE, read_token
+
     if args.token is not None or args.endpoints is not None:
         return args.token
-    path = _dir(args) / TOKEN_FILE
     try:
-        return path.read_text().strip() or None
-    except FileNotFoundError:
-        return None
+        return read_token(_dir(args))
     except OSError as exc:
+        path = _dir(args) / TOKEN_FILE
         raise CommandError(f"cannot read the admin token in {path}: {exc.strerror}") from None
 
 

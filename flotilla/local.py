@@ -22,6 +22,7 @@ import fcntl
 import json
 import os
 import random
+import secrets
 import shutil
 import signal
 import socket
@@ -40,6 +41,7 @@ from flotilla.progress import Bar, read_restore_progress
 __all__ = [
     "DEFAULT_DIR",
     "STATE_FILE",
+    "TOKEN_FILE",
     "AlreadyRunning",
     "BadOption",
     "LocalCluster",
@@ -50,11 +52,15 @@ __all__ = [
     "default_archive_url",
     "locked",
     "node_accepts_flag",
+    "read_token",
     "up",
 ]
 
 DEFAULT_DIR = ".flotilla"
 STATE_FILE = "cluster.json"
+#: The admin token `up` generates for a new cluster, mode 0600; members get it through their
+#: environment (never on a command line or in the state file) and every command sends it.
+TOKEN_FILE = "admin-token"
 STATE_VERSION = 1
 HOST = "127.0.0.1"
 NODE_MODULE = "flotilla.node"
@@ -161,12 +167,30 @@ def node_accepts_flag(flag: str) -> bool:
 # --- processes ------------------------------------------------------------------------------
 
 
-def _node_env() -> dict[str, str]:
+def _node_env(token: str | None) -> dict[str, str]:
     """The caller's environment without FLOTILLA_*: a member's flags are all on its command
-    line (and in the state file), so a restart from another shell behaves the same."""
+    line (and in the state file), so a restart from another shell behaves the same. The admin
+    token is the one exception: it comes from the token file."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLOTILLA_")}
     env["PYTHONUNBUFFERED"] = "1"
+    if token is not None:
+        env["FLOTILLA_ADMIN_TOKEN"] = token
     return env
+
+
+def read_token(root: Path) -> str | None:
+    """The cluster's admin token, or None for a cluster made before `up` generated one."""
+    try:
+        return (root / TOKEN_FILE).read_text().strip() or None
+    except FileNotFoundError:
+        return None
+
+
+def _write_token(root: Path) -> None:
+    path = root / TOKEN_FILE
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_urlsafe(32) + "\n")
 
 
 def _proc_state(pid: int) -> str | None:
@@ -357,6 +381,8 @@ class LocalCluster:
             cluster_id=cluster_id, election_timeout_ms=election_timeout_ms,
             heartbeat_ms=heartbeat_ms, archive=archive, archive_passed=archive_passed,
             members=members, created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), notes=notes)
+        if node_accepts_flag("--admin-token"):
+            _write_token(root)
         cluster = cls(root, state)
         cluster.save()
         return cluster
@@ -441,7 +467,8 @@ class LocalCluster:
                       f"{' '.join(argv)}\n".encode())
             log.flush()
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, cwd=self.root, env=_node_env(),
+                                    stdin=subprocess.DEVNULL, cwd=self.root,
+                                    env=_node_env(read_token(self.root)),
                                     start_new_session=True)
         self._procs[member.name] = proc
         member.pid = proc.pid
@@ -511,9 +538,14 @@ class LocalCluster:
 
     # --- observing ------------------------------------------------------------------------
 
+    @property
+    def token(self) -> str | None:
+        return read_token(self.root)
+
     def client(self, **options: Any) -> Client:
-        """A client for every member's endpoint (options as for ``Client``)."""
-        return Client(self.endpoints, **options)
+        """A client for every member's endpoint, with the admin token (options as for
+        ``Client``)."""
+        return Client(self.endpoints, **{"token": self.token, **options})
 
     def member_status(self, name: str, timeout: float = 1.0) -> dict[str, Any] | None:
         """``name``'s own ``/v1/status``, or None when it does not answer."""
@@ -749,3 +781,4 @@ def _forget(cluster: LocalCluster) -> None:
     for m in cluster.members:
         shutil.rmtree(m.data_dir, ignore_errors=True)
     LocalCluster.state_path(cluster.root).unlink(missing_ok=True)
+    (cluster.root / TOKEN_FILE).unlink(missing_ok=True)

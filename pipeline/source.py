@@ -20,7 +20,7 @@ from flotilla.node.consensus import EntryKind
 
 from .kvfold import decode
 
-__all__ = ["ArchiveRef", "OPS_SCHEMA", "decode_segments", "key_bytes", "key_text"]
+__all__ = ["OPS_SCHEMA", "ArchiveRef", "decode_segments", "key_bytes", "key_text"]
 
 PUT, DELETE, BAD = 0, 1, -1
 

@@ -3,10 +3,13 @@ cluster with dead members is brought back whole, and bad options are one line.""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -127,5 +130,31 @@ def test_resuming_with_other_options_says_how_to_start_over(tmp_path: Path):
         assert resumed.returncode == 0, resumed.stderr
         assert "resuming with the original archive" in resumed.stdout
         assert "flotilla down --dir" in resumed.stdout and "another --dir" in resumed.stdout
+    finally:
+        flotilla(tmp_path, "down", "--timeout", "5")
+
+
+def test_up_protects_the_admin_api_with_a_token_the_other_commands_use(tmp_path: Path):
+    require_node()
+    root = tmp_path / ".flotilla"
+    try:
+        assert flotilla(tmp_path, "up", *FAST).returncode == 0
+        token_file = root / local.TOKEN_FILE
+        assert token_file.stat().st_mode & 0o777 == 0o600
+        token = token_file.read_text().strip()
+        assert len(token) >= 32
+        cluster = local.LocalCluster.load(root)
+        assert token not in (root / local.STATE_FILE).read_text()
+        for m in cluster.members:  # never on a command line another user can read
+            assert token.encode() not in Path(f"/proc/{m.pid}/cmdline").read_bytes()
+        refused = urllib.request.Request(f"{cluster.endpoints[0]}/v1/snapshot", method="POST")
+        with pytest.raises(urllib.error.HTTPError) as denied:
+            urllib.request.urlopen(refused, timeout=10)
+        assert denied.value.code == 401
+        snap = flotilla(tmp_path, "snapshot", "-o", "json")
+        assert snap.returncode == 0, snap.stderr
+        assert json.loads(snap.stdout)["index"] > 0
+        scaled = flotilla(tmp_path, "scale", "4")  # admin calls with the token
+        assert scaled.returncode == 0, scaled.stdout + scaled.stderr
     finally:
         flotilla(tmp_path, "down", "--timeout", "5")
