@@ -254,6 +254,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     commands.add_parser("operator", add_help=False,
                         help="run the Kubernetes operator (flotilla operator --help)")
+    commands.add_parser("pipeline", add_help=False,
+                        help="Spark jobs over a cluster's archive (flotilla pipeline --help)")
 
     kv = commands.add_parser("kv", help="the command-line client: kv put|get|del|ls",
                              description="The command-line client of the key-value API.")
@@ -370,6 +372,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from flotilla.operator.main import main as operator_main
 
         return operator_main(argv[1:])
+    if argv and argv[0] == "pipeline":
+        from flotilla.pipeline.main import main as pipeline_main
+
+        return pipeline_main(argv[1:])
     parser = build_parser()
     if not argv:
         parser.print_help(sys.stderr)

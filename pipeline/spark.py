@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import sys
 from typing import Any
 
 __all__ = ["PipelineError", "spark_session"]
@@ -45,6 +46,9 @@ def spark_session(master: str = "local[*]", app: str = "flotilla-pipeline") -> A
     _require_java()
     if master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        # Workers run this interpreter, which has flotilla installed; elsewhere the cluster's
+        # image decides (the project's image has it).
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
     logging.getLogger("py4j").setLevel(logging.WARNING)

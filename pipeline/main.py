@@ -1,0 +1,102 @@
+"""`flotilla pipeline JOB`: Spark jobs over a cluster's archive.
+
+Each job prints one JSON line last. Exit codes: 0 done; 1 the job failed (one line on stderr);
+2 bad flags, or something missing to run at all (PySpark, Java); 4 a target outside the
+archive (the message names what the archive can give).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from .spark import PipelineError
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_OUTSIDE = 0, 1, 2, 4
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, not {text!r}")
+    return int(text)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2 (argparse prints usage too)
+        raise PipelineError(f"{message} (see `flotilla pipeline {self.prog.split()[-1]} "
+                            "--help`)", EXIT_USAGE)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="flotilla pipeline", description=__doc__.splitlines()[0])
+    jobs = parser.add_subparsers(dest="job", metavar="JOB", required=True, parser_class=_Parser)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--archive", required=True,
+                        help="the archive: s3://bucket/prefix or file:///path")
+    common.add_argument("--cluster-id", default=None,
+                        help="the cluster in the archive (default: the only one there)")
+    common.add_argument("--s3-endpoint", default=None, help="S3-compatible endpoint URL")
+    common.add_argument("--s3-region", default=None, help="S3 region")
+    common.add_argument("--master", default="local[*]",
+                        help="Spark master URL (default local[*])")
+
+    p = jobs.add_parser("snapshot-at", parents=[common],
+                        help="the exact state at an index, published as a new cluster",
+                        description="Synthesize the state at --index N in the node's snapshot "
+                                    "format and publish it into the same archive as a new "
+                                    "cluster (default id <ID>-at-<N>), so `flotilla node "
+                                    "--restore-from URL --restore-cluster-id <that id>` "
+                                    "restores it.")
+    p.add_argument("--index", type=_positive, required=True, help="the log index")
+    p.add_argument("--to-cluster-id", default=None, help="the new cluster's id")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the plan (base snapshot, segments, bytes) and stop")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = build_parser().parse_args(argv)
+        return _run(args)
+    except PipelineError as exc:
+        print(f"flotilla pipeline: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except SystemExit as exc:  # --help
+        return int(exc.code or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+def _run(args: argparse.Namespace) -> int:
+    from flotilla.local import BadOption, archive_url
+
+    from .source import ArchiveRef
+    from .spark import spark_session
+
+    try:
+        url = archive_url(args.archive)
+    except BadOption as exc:
+        raise PipelineError(str(exc), EXIT_USAGE) from None
+    ref = ArchiveRef(url, args.cluster_id, args.s3_endpoint, args.s3_region)
+    if args.job == "snapshot-at":
+        from .snapshot_at import snapshot_at
+
+        if args.dry_run:
+            result = snapshot_at(None, ref, args.index, dry_run=True)
+            print(json.dumps(result))
+            return EXIT_OK
+        spark = spark_session(args.master)
+        try:
+            result = snapshot_at(spark, ref, args.index, to_cluster_id=args.to_cluster_id)
+        finally:
+            spark.stop()
+        print(result.to_json())
+        return EXIT_OK
+    raise PipelineError(f"unknown job {args.job!r}", EXIT_USAGE)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
