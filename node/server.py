@@ -39,6 +39,7 @@ from flotilla.node.storage import (
     SnapshotStore,
     StorageError,
     StoredSnapshot,
+    lock_data_dir,
     read_admission,
     write_admission,
 )
@@ -121,7 +122,17 @@ class NodeServer:
     # --- start-up -------------------------------------------------------------------------
 
     def open(self) -> None:
-        """Open the data dir and recover; raises StorageError (exit 3) for data it won't use."""
+        """Lock the data dir, open it and recover; raises StorageError (exit 3) for a data dir
+        it won't use, another live process's included."""
+        # Before anything reads or writes the dir: a second process must not even bootstrap.
+        self._lock = lock_data_dir(self.cfg.data_dir, fsync=self.cfg.fsync)
+        try:
+            self._open_locked()
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def _open_locked(self) -> None:
         cfg = self.cfg
         self.datadir = DataDir.open(cfg.data_dir, cluster_id=cfg.cluster_id,
                                     member_name=cfg.name, fsync=cfg.fsync)
@@ -215,6 +226,7 @@ class NodeServer:
             await self.archiver.stop()
         await self.transport.close()
         self.storage.close()
+        self._lock.release()
         waiting = [*self._reads.values(), *(p.future for p in self._proposals.values()),
                    *(fut for _, fut in self._waiters)]
         for fut in waiting:
