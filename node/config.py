@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
@@ -16,6 +17,9 @@ from flotilla.node.archive.urls import parse_archive_url
 from flotilla.node.snapshot_policy import SnapshotPolicy
 
 DEFAULT_MAX_VALUE_BYTES = 1 << 20
+#: Member names: what a DNS label, a path segment and `--initial-cluster` all accept.
+MEMBER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+NAME_RULE = "1 to 63 letters, digits, '.', '_' or '-', starting with a letter or digit"
 
 
 class UsageError(ValueError):
@@ -109,6 +113,8 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> NodeConf
         if not raw[required]:
             flag = "--" + required.replace("_", "-")
             raise UsageError(f"{flag} is required (or set FLOTILLA_{required.upper()})")
+    if not MEMBER_NAME.fullmatch(raw["name"]):
+        raise UsageError(f"--name must be {NAME_RULE}, not {raw['name']!r}")
     listen_peer = _host_port(raw["listen_peer"], "--listen-peer")
     listen_client = _host_port(raw["listen_client"], "--listen-client")
     advertise_peer = raw["advertise_peer"] or f"http://{_url_host(listen_peer)}"
@@ -206,6 +212,8 @@ def _initial_cluster(text: str | None) -> dict[str, str]:
         if not sep or not name or not url:
             raise UsageError(f"--initial-cluster entries must be NAME=URL (for example "
                              f"n1=http://127.0.0.1:2380), not {part!r}")
+        if not MEMBER_NAME.fullmatch(name):
+            raise UsageError(f"--initial-cluster: a member name is {NAME_RULE}, not {name!r}")
         _check_url(url, "--initial-cluster")
         if name in members:
             raise UsageError(f"--initial-cluster names {name} twice")

@@ -10,7 +10,6 @@ import asyncio
 import hmac
 import json
 import logging
-import re
 import time
 from typing import Any
 from urllib.parse import unquote_to_bytes, urlsplit
@@ -32,6 +31,7 @@ from flotilla.node.consensus import (
 from flotilla.node.consensus.progress import caught_up
 from flotilla.node.statemachine.kv import encode_delete, encode_put
 
+from .config import MEMBER_NAME, NAME_RULE
 from .server import NodeServer, Overloaded, Unavailable
 from .transport import (
     CLUSTER_HEADER,
@@ -58,8 +58,6 @@ MAX_KEY_BYTES = 4096
 MAX_URL_BYTES = 16384
 #: Largest prev_index, Flotilla-Seq and limit (a signed 64-bit integer, as in the log).
 MAX_WHOLE = (1 << 63) - 1
-#: Member names: what a DNS label, a path segment and `--initial-cluster` all accept.
-MEMBER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 #: A refusal on the peer port is logged at most once per sender and reason in this many s.
 REFUSAL_LOG_INTERVAL = 30.0
 
@@ -595,8 +593,7 @@ class ClientAPI:
             client_url = doc.get("client_url")
             if not isinstance(name, str) or not MEMBER_NAME.fullmatch(name):
                 return bad_request('give {"name": ..., "peer_url": ..., "client_url": ...} where '
-                                   "name is 1 to 63 letters, digits, '.', '_' or '-' starting "
-                                   f"with a letter or digit, not {str(name)[:80]!r}")
+                                   f"name is {NAME_RULE}, not {str(name)[:80]!r}")
             problem = _url_problem(peer_url, "peer_url") or (
                 None if client_url is None else _url_problem(client_url, "client_url"))
             if problem:
