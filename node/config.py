@@ -147,6 +147,11 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> NodeConf
                 parse_archive_url(raw[flag])
             except ValueError as exc:
                 raise UsageError(f"--{flag.replace('_', '-')}: {exc}") from exc
+    if raw["s3_endpoint"]:
+        _check_url(raw["s3_endpoint"], "--s3-endpoint")
+        if "@" in urlsplit(raw["s3_endpoint"]).netloc:
+            raise UsageError("--s3-endpoint must not carry credentials; set AWS_ACCESS_KEY_ID "
+                             "and AWS_SECRET_ACCESS_KEY in the environment instead")
     restore_index = raw["restore_index"]
     if restore_index is not None:
         restore_index = _positive_int(restore_index, "--restore-index", 0, minimum=0)
@@ -197,7 +202,10 @@ def _url_host(addr: tuple[str, int]) -> str:
 
 
 def _check_url(url: str, flag: str) -> None:
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # e.g. an unclosed IPv6 bracket
+        parts = urlsplit("")
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise UsageError(f"{flag} must be an http(s) URL such as http://10.0.0.1:2380, "
                          f"not {url!r}")
