@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
@@ -16,6 +17,9 @@ from flotilla.node.archive.urls import parse_archive_url
 from flotilla.node.snapshot_policy import SnapshotPolicy
 
 DEFAULT_MAX_VALUE_BYTES = 1 << 20
+#: Member names: what a DNS label, a path segment and `--initial-cluster` all accept.
+MEMBER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+NAME_RULE = "1 to 63 letters, digits, '.', '_' or '-', starting with a letter or digit"
 
 
 class UsageError(ValueError):
@@ -109,6 +113,8 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> NodeConf
         if not raw[required]:
             flag = "--" + required.replace("_", "-")
             raise UsageError(f"{flag} is required (or set FLOTILLA_{required.upper()})")
+    if not MEMBER_NAME.fullmatch(raw["name"]):
+        raise UsageError(f"--name must be {NAME_RULE}, not {raw['name']!r}")
     listen_peer = _host_port(raw["listen_peer"], "--listen-peer")
     listen_client = _host_port(raw["listen_client"], "--listen-client")
     advertise_peer = raw["advertise_peer"] or f"http://{_url_host(listen_peer)}"
@@ -141,6 +147,11 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> NodeConf
                 parse_archive_url(raw[flag])
             except ValueError as exc:
                 raise UsageError(f"--{flag.replace('_', '-')}: {exc}") from exc
+    if raw["s3_endpoint"]:
+        _check_url(raw["s3_endpoint"], "--s3-endpoint")
+        if "@" in urlsplit(raw["s3_endpoint"]).netloc:
+            raise UsageError("--s3-endpoint must not carry credentials; set AWS_ACCESS_KEY_ID "
+                             "and AWS_SECRET_ACCESS_KEY in the environment instead")
     restore_index = raw["restore_index"]
     if restore_index is not None:
         restore_index = _positive_int(restore_index, "--restore-index", 0, minimum=0)
@@ -191,7 +202,10 @@ def _url_host(addr: tuple[str, int]) -> str:
 
 
 def _check_url(url: str, flag: str) -> None:
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # e.g. an unclosed IPv6 bracket
+        parts = urlsplit("")
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise UsageError(f"{flag} must be an http(s) URL such as http://10.0.0.1:2380, "
                          f"not {url!r}")
@@ -206,6 +220,8 @@ def _initial_cluster(text: str | None) -> dict[str, str]:
         if not sep or not name or not url:
             raise UsageError(f"--initial-cluster entries must be NAME=URL (for example "
                              f"n1=http://127.0.0.1:2380), not {part!r}")
+        if not MEMBER_NAME.fullmatch(name):
+            raise UsageError(f"--initial-cluster: a member name is {NAME_RULE}, not {name!r}")
         _check_url(url, "--initial-cluster")
         if name in members:
             raise UsageError(f"--initial-cluster names {name} twice")

@@ -10,7 +10,6 @@ import asyncio
 import hmac
 import json
 import logging
-import re
 import time
 from typing import Any
 from urllib.parse import unquote_to_bytes, urlsplit
@@ -32,6 +31,7 @@ from flotilla.node.consensus import (
 from flotilla.node.consensus.progress import caught_up
 from flotilla.node.statemachine.kv import encode_delete, encode_put
 
+from .config import MEMBER_NAME, NAME_RULE
 from .server import NodeServer, Overloaded, Unavailable
 from .transport import (
     CLUSTER_HEADER,
@@ -58,8 +58,6 @@ MAX_KEY_BYTES = 4096
 MAX_URL_BYTES = 16384
 #: Largest prev_index, Flotilla-Seq and limit (a signed 64-bit integer, as in the log).
 MAX_WHOLE = (1 << 63) - 1
-#: Member names: what a DNS label, a path segment and `--initial-cluster` all accept.
-MEMBER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 #: A refusal on the peer port is logged at most once per sender and reason in this many s.
 REFUSAL_LOG_INTERVAL = 30.0
 
@@ -305,22 +303,24 @@ class ClientAPI:
         app = web.Application(client_max_size=self.node.cfg.max_value_bytes + 1,
                               handler_args={"max_line_size": MAX_URL_BYTES})
         app.middlewares.append(self._errors)
-        r = app.router
-        r.add_get("/v1/kv", self.list_keys)
-        for add in (r.add_put, r.add_get, r.add_delete):
-            add(KV_PREFIX, self.empty_key)
-        r.add_put(KV_PREFIX + r"{key:[\s\S]+}", self.put)
-        r.add_get(KV_PREFIX + r"{key:[\s\S]+}", self.get)
-        r.add_delete(KV_PREFIX + r"{key:[\s\S]+}", self.delete)
-        r.add_get("/v1/status", self.status)
-        r.add_post("/v1/members", self.add_member)
-        r.add_delete("/v1/members/{name}", self.remove_member)
-        r.add_put("/v1/config", self.set_config)
-        r.add_post("/v1/leader", self.transfer)
-        r.add_post("/v1/snapshot", self.snapshot)
-        r.add_get("/metrics", self.metrics)
-        r.add_get("/healthz", self.healthz)
-        r.add_get("/readyz", self.readyz)
+        routes = [
+            ("GET", "/v1/kv", self.list_keys),
+            *((method, KV_PREFIX, self.empty_key) for method in ("PUT", "GET", "DELETE")),
+            ("PUT", KV_PREFIX + r"{key:[\s\S]+}", self.put),
+            ("GET", KV_PREFIX + r"{key:[\s\S]+}", self.get),
+            ("DELETE", KV_PREFIX + r"{key:[\s\S]+}", self.delete),
+            ("GET", "/v1/status", self.status),
+            ("POST", "/v1/members", self.add_member),
+            ("DELETE", "/v1/members/{name}", self.remove_member),
+            ("PUT", "/v1/config", self.set_config),
+            ("POST", "/v1/leader", self.transfer),
+            ("POST", "/v1/snapshot", self.snapshot),
+            ("GET", "/metrics", self.metrics),
+            ("GET", "/healthz", self.healthz),
+            ("GET", "/readyz", self.readyz),
+        ]
+        for method, path, handler in routes:
+            app.router.add_route(method, path, handler, expect_handler=self._expect)
         app.on_cleanup.append(self._close)
         return app
 
@@ -334,6 +334,27 @@ class ClientAPI:
         has = f"has {size} bytes" if size is not None else "is larger than that"
         return error(413, "too_large", f"{what} {has}; the limit is {limit} bytes "
                      "(--max-value-bytes)")
+
+    async def _expect(self, request: web.Request) -> web.Response | None:
+        """Answer `Expect: 100-continue` before any body is sent: 413 at once for a declared
+        body over the limit, so the client never sends it, else `100 Continue`. (aiohttp's
+        default handler invites every body, the oversized ones included.)"""
+        if request.version < aiohttp.HttpVersion11:
+            return None  # HTTP/1.0 has no interim responses: the expectation is ignored
+        expect = request.headers.get("Expect", "")
+        if expect.lower() != "100-continue":
+            return error(417, "expectation_failed",
+                         f"Expect: {expect[:40]!r} is not understood; only 100-continue is")
+        declared = request.content_length
+        if declared is not None and declared > self.node.cfg.max_value_bytes:
+            refused = self._too_large(request, declared)
+            # The client may send the body anyway after a while: end the connection rather
+            # than read megabytes we refused, or take them for the next request.
+            refused.force_close()
+            return refused
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0  # the interim line is not part of the response
+        return None
 
     @web.middleware
     async def _errors(self, request: web.Request, handler) -> web.StreamResponse:
@@ -595,8 +616,7 @@ class ClientAPI:
             client_url = doc.get("client_url")
             if not isinstance(name, str) or not MEMBER_NAME.fullmatch(name):
                 return bad_request('give {"name": ..., "peer_url": ..., "client_url": ...} where '
-                                   "name is 1 to 63 letters, digits, '.', '_' or '-' starting "
-                                   f"with a letter or digit, not {str(name)[:80]!r}")
+                                   f"name is {NAME_RULE}, not {str(name)[:80]!r}")
             problem = _url_problem(peer_url, "peer_url") or (
                 None if client_url is None else _url_problem(client_url, "client_url"))
             if problem:

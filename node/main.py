@@ -1,16 +1,18 @@
 """`flotilla node`: run one member until SIGTERM.
 
 Exit codes (the contract): 0 after a clean shutdown on SIGTERM/SIGINT (a leader hands
-leadership over first, within 5 s); 2 for bad flags, with a one-line reason; 3 for a data dir
-this member will not use (corruption, another cluster's data), naming the file and offset,
-or a storage failure while running; 1 when the member's main loop failed for another reason
-(a bug: the log says where), so a supervisor restarts it instead of it lingering half-alive.
+leadership over first, within 5 s); 2 for bad flags or a listen address it cannot bind, with
+a one-line reason; 3 for a data dir this member will not use (corruption, another cluster's
+data, a dir another live process holds), naming the file and offset, or a storage failure
+while running; 1 when the member's main loop failed for another reason (a bug: the log says
+where), so a supervisor restarts it instead of it lingering half-alive.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -47,9 +49,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_DATA
     try:
         return asyncio.run(_serve(node))
-    except OSError as exc:
+    except ListenError as exc:
         print(f"flotilla node: cannot listen: {exc}", file=sys.stderr)
         return EXIT_USAGE
+
+
+class ListenError(Exception):
+    """A listen address cannot be bound (in use, not an address of this host): a usage error."""
+
+
+async def _listen(node: NodeServer) -> list[web.AppRunner]:
+    """Bind both ports, or raise ListenError with nothing left open behind it."""
+    cfg = node.cfg
+    runners: list[web.AppRunner] = []
+    for app, (host, port), flag in ((peer_app(node), cfg.listen_peer, "--listen-peer"),
+                                    (ClientAPI(node).app(), cfg.listen_client,
+                                     "--listen-client")):
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        runners.append(runner)
+        try:
+            await runner.setup()
+            await web.TCPSite(runner, host, port, reuse_address=True).start()
+        except OSError as exc:
+            for opened in runners:
+                await opened.cleanup()
+            # errno > 0 is the kernel's refusal; a failed name lookup has a negative one.
+            reason = (os.strerror(exc.errno) if exc.errno and exc.errno > 0
+                      else exc.strerror or str(exc)).lower()
+            raise ListenError(f"{host}:{port} ({flag}): {reason}") from exc
+    return runners
 
 
 async def _serve(node: NodeServer) -> int:
@@ -58,14 +86,10 @@ async def _serve(node: NodeServer) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    # Bind first: a member that cannot listen has started nothing that needs undoing. Requests
+    # that arrive before `start` only queue, as they would during any busy moment.
+    runners = await _listen(node)
     await node.start()
-    runners = []
-    for app, (host, port) in ((peer_app(node), cfg.listen_peer),
-                              (ClientAPI(node).app(), cfg.listen_client)):
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await runner.setup()
-        await web.TCPSite(runner, host, port, reuse_address=True).start()
-        runners.append(runner)
     logging.getLogger(__name__).info("serving peers on %s, clients on %s",
                                      cfg.advertise_peer, cfg.advertise_client)
     stopped = asyncio.create_task(stop.wait())

@@ -21,6 +21,7 @@ from typing import Any
 
 from flotilla.node.archive import ArchiveError, ClusterArchive, SnapshotRecord, open_archive
 from flotilla.node.consensus import (
+    FENCED,
     Entry,
     EntryKind,
     Membership,
@@ -39,6 +40,7 @@ from flotilla.node.storage import (
     SnapshotStore,
     StorageError,
     StoredSnapshot,
+    lock_data_dir,
     read_admission,
     write_admission,
 )
@@ -121,7 +123,17 @@ class NodeServer:
     # --- start-up -------------------------------------------------------------------------
 
     def open(self) -> None:
-        """Open the data dir and recover; raises StorageError (exit 3) for data it won't use."""
+        """Lock the data dir, open it and recover; raises StorageError (exit 3) for a data dir
+        it won't use, another live process's included."""
+        # Before anything reads or writes the dir: a second process must not even bootstrap.
+        self._lock = lock_data_dir(self.cfg.data_dir, fsync=self.cfg.fsync)
+        try:
+            self._open_locked()
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def _open_locked(self) -> None:
         cfg = self.cfg
         self.datadir = DataDir.open(cfg.data_dir, cluster_id=cfg.cluster_id,
                                     member_name=cfg.name, fsync=cfg.fsync)
@@ -177,6 +189,8 @@ class NodeServer:
         elif admission is not None:
             self.core.await_admission(admission)
         self._admission_saved = self.core.admission
+        if self.core.admission is not None:
+            self._log_admission(self.core.admission, at_start=True)
         self.archiver = None
         if cfg.archive:
             archive = open_archive(cfg.archive, endpoint=cfg.s3_endpoint, region=cfg.s3_region,
@@ -215,6 +229,7 @@ class NodeServer:
             await self.archiver.stop()
         await self.transport.close()
         self.storage.close()
+        self._lock.release()
         waiting = [*self._reads.values(), *(p.future for p in self._proposals.values()),
                    *(fut for _, fut in self._waiters)]
         for fut in waiting:
@@ -390,15 +405,30 @@ class NodeServer:
         if core.admission != self._admission_saved:
             await asyncio.to_thread(write_admission, self.datadir.path, core.admission,
                                     fsync=self.cfg.fsync)
-            if core.admission is None:
-                log.info("admitted: this member votes from now on")
-            else:
-                log.warning("this member started empty but the cluster counts it as a voter "
-                            "(its disk was lost?): it will not vote until it is removed and "
-                            "added back as a learner")
+            self._log_admission(core.admission)
             self._admission_saved = core.admission
         core.advance(rd)
         self._maybe_snapshot()
+
+    def _log_admission(self, state: tuple[str, int] | None, *, at_start: bool = False) -> None:
+        """One line per step of a member that started empty (see RaftCore.await_admission):
+        the warning only when the cluster really counts it as a voter it cannot be."""
+        if state is None:
+            log.info("admitted: the configuration shows this member is new to the cluster; "
+                     "it votes from now on (once it is a voter)")
+        elif state[0] == FENCED:
+            log.warning("this member started with an empty data dir, but the cluster counts "
+                        "it as a voter: its disk was lost. It will not vote or campaign until "
+                        "it is removed (DELETE /v1/members/%s) and added back as a learner "
+                        "(POST /v1/members)", self.name)
+        elif at_start:
+            log.info("started empty: waiting to be added as a learner (POST /v1/members on "
+                     "the leader); it will not vote before the cluster's configuration shows "
+                     "it is new")
+        else:
+            log.info("heard from leader %s: the configuration as of index %d will show "
+                     "whether this member is new; it will not vote before", self.core.leader,
+                     state[1])
 
     def _apply(self, entries: tuple[Entry, ...]) -> None:
         sm = self.sm
@@ -640,8 +670,9 @@ class NodeServer:
             # on its old volume, is told apart from the member the cluster knew by this alone.
             "member_uid": self.datadir.identity.member_uid,
             # null, or why this member does not vote yet: "undecided" (it started empty and
-            # has not yet read the configuration it was added by) or "fenced" (the cluster
-            # counts it as a voter although it started empty: remove it and add it back).
+            # has not yet read the configuration that shows whether it is new) or "fenced"
+            # (the cluster counts it as a voter although it started empty: remove it and add
+            # it back as a learner).
             "admission": core.admission[0] if core.admission is not None else None,
             "role": self.role(),
             "term": core.term,

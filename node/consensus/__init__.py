@@ -6,6 +6,8 @@ library; tests/consensus/test_layering.py enforces it.
 """
 
 from .core import (
+    FENCED,
+    UNDECIDED,
     InvalidMembership,
     MembershipChangeInProgress,
     NotLeader,
@@ -33,6 +35,8 @@ from .types import (
 
 __all__ = [
     "EMPTY_MEMBERSHIP",
+    "FENCED",
+    "UNDECIDED",
     "Entry",
     "EntryKind",
     "HardState",

@@ -109,8 +109,8 @@ class RaftCore:
         self.vote = recovered.hard_state.vote
         self.role = Role.FOLLOWER
         self.leader: str | None = None
-        # See `await_admission`: None, or (UNDECIDED, the leader commit to read the configuration
-        # at; -1 until an append says it) or (FENCED, 0).
+        # See `await_admission`: None, or (UNDECIDED, the index whose configuration decides;
+        # -1 until the first append or snapshot from a leader says it) or (FENCED, 0).
         self.admission: tuple[str, int] | None = None
         self.progress: dict[str, Progress] = {}
         self.votes: dict[str, bool] = {}
@@ -331,7 +331,10 @@ class RaftCore:
             return
         admission = self.admission  # None for every member that votes: one test per append
         if admission is not None and admission[1] < 0:
-            self.admission = (UNDECIDED, m.commit)  # the leader's commit index at first contact
+            # First contact: judge by the configuration as of the leader's commit index, or of
+            # the entry this append follows if later. A leader starts sending to a member just
+            # after the entry that added it, so every configuration that names it is there.
+            self.admission = (UNDECIDED, max(m.commit, m.index))
         last_new = log.maybe_append(m.index, m.log_term, m.commit, m.entries)
         if last_new is not None:
             if admission is not None:
@@ -638,11 +641,18 @@ class RaftCore:
         `existing` mode). If its disk was lost, the cluster may still count it as the voter it
         was, and with an empty log it would vote for any candidate, one that lacks entries the
         lost disk held included: a committed write could be lost. A genuinely new member is
-        only ever added as a learner, so the configuration as of the leader's commit index at
-        first contact tells the two apart: a learner (or absent) is new and is admitted; a
-        voter came back without its disk and stays fenced until it has been removed and added
-        back, which it sees as a configuration naming it a learner. (A fenced voter that never
-        is stays out of elections for good: a liveness cost, never a safety one.)
+        only ever added as a learner, so the configuration at first contact tells the two
+        apart: a learner (or absent) is new and is admitted; a voter came back without its
+        disk and stays fenced until it has been removed and added back, which it sees as a
+        configuration naming it a learner only. (A fenced voter that never is stays out of
+        elections for good: a liveness cost, never a safety one.)
+
+        "At first contact" is the later of the leader's commit index and the entry its first
+        append follows: every configuration that adds this member lies at or before it (see
+        `_on_append`). When no configuration at all covers that index, it is the first one,
+        which lives only in the leader's bootstrap snapshot at index 0 and is never sent: then
+        this member, which a leader replicates to yet no later configuration names, is one of
+        the first voters, and is fenced too.
 
         `state` restores what `admission` held before a restart (the caller persists it).
         """
@@ -651,16 +661,19 @@ class RaftCore:
     def _review_admission(self) -> None:
         if self.admission is None:
             return
-        state, commit = self.admission
+        state, judge_at = self.admission
         log = self.log
         if state == UNDECIDED:
-            if commit < 0 or log.last_index() < commit:
+            if judge_at < 0 or log.last_index() < judge_at:
                 return  # the log has not reached the configuration to judge by yet
-            if not log.membership_at(max(commit, log.offset)).can_vote(self.name):
+            judged = log.membership_at(max(judge_at, log.offset))
+            if judged.voters and not judged.can_vote(self.name):
                 self.admission = None
                 return
+            # A voter there, or no configuration known there (the first one: see above).
             self.admission = (FENCED, 0)
-        if self.name in log.membership().learners:
+        newest = log.membership()
+        if self.name in newest.learners and not newest.can_vote(self.name):
             self.admission = None  # removed and added back since: new to the cluster
 
     def _promotable(self) -> bool:

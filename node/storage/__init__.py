@@ -9,6 +9,7 @@ log's start (a crash between those two steps) is installed again.
 """
 
 from .datadir import DataDir, Identity, read_admission, write_admission
+from .dirlock import DataDirInUse, DataDirLock, lock_data_dir
 from .errors import (
     CompactedError,
     CorruptDataError,
@@ -28,6 +29,8 @@ __all__ = [
     "CorruptDataError",
     "DataDir",
     "DataDirError",
+    "DataDirInUse",
+    "DataDirLock",
     "DiskStorage",
     "Identity",
     "LogRangeError",
@@ -41,6 +44,7 @@ __all__ = [
     "StorageFailedError",
     "StoredSnapshot",
     "UnavailableError",
+    "lock_data_dir",
     "read_admission",
     "write_admission",
 ]

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from .dirlock import LOCK_FILE
 from .errors import CorruptDataError, DataDirError
 from .fsutil import TEMP_SUFFIX, ensure_dir, remove_temp_files, write_atomic
 
@@ -60,14 +61,16 @@ class DataDir:
         """Open (creating on first start) the data dir of member `member_name` of `cluster_id`.
 
         Raises DataDirError if it belongs to another cluster or member, or holds files but no
-        identity; CorruptDataError if the identity file is unreadable.
+        identity; CorruptDataError if the identity file is unreadable. A process that runs a
+        member takes the dir's lock (`lock_data_dir`) before this.
         """
         root = Path(path)
         ensure_dir(root, fsync=fsync)
         remove_temp_files(root)
         identity = read_identity(root)
         if identity is None:
-            others = sorted(p.name for p in root.iterdir() if not p.name.endswith(TEMP_SUFFIX))
+            others = sorted(p.name for p in root.iterdir()
+                            if not p.name.endswith(TEMP_SUFFIX) and p.name != LOCK_FILE)
             if others:
                 raise DataDirError(
                     f"data dir {root} holds files ({', '.join(others[:5])}) but no "

@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 
 from flotilla.node.consensus import Membership, RaftCore, Role, Settings
-from flotilla.node.consensus.core import UNDECIDED
+from flotilla.node.consensus.core import FENCED, UNDECIDED
 from flotilla.node.consensus.types import MessageType as MT
 from flotilla.node.consensus.types import RecoveredState
 
@@ -131,6 +131,33 @@ def test_a_new_member_is_admitted_by_the_configuration_that_added_it():
     assert granted, "the admitted member d never granted a vote"
 
 
+def test_a_new_member_is_never_taken_for_a_lost_disk_on_its_way_to_admission():
+    """The first append a new member hears follows the entry that added it, whatever the
+    leader had committed then, so it never judges by a configuration from before it was added
+    (here the first one, which it cannot even see): never fenced, not even for a moment."""
+    net = Network(ABC, joining=["d"], max_entries_per_message=1)
+    d = net["d"].core
+    d.await_admission()
+    seen = []
+    review = d._review_admission
+
+    def watched() -> None:
+        review()
+        seen.append(d.admission)
+
+    d._review_admission = watched
+    net.elect("a")
+    for i in range(5):
+        net.propose("a", b"%d" % i)
+    a = net["a"].core
+    added = a.change_membership(set(ABC), learners={"d"})
+    net.stabilize()
+    assert d.log.last_index() == a.log.last_index()
+    assert d.admission is None
+    assert seen and all(state is None or state[0] == UNDECIDED for state in seen), seen
+    assert added > 1 and d.log.membership_at(added - 1).voters == frozenset()
+
+
 def test_a_new_member_that_first_hears_a_snapshot_judges_by_its_configuration():
     net = Network(ABC, joining=["d"])
     net["d"].core.await_admission()
@@ -165,3 +192,53 @@ def test_the_admission_state_survives_a_restart():
     core.campaign()
     net.stabilize()
     assert net["b"].role is Role.FOLLOWER
+
+
+def test_a_lost_disk_is_fenced_even_when_the_first_configuration_never_reaches_it():
+    """The first configuration lives in the bootstrap snapshot at index 0, which no leader ever
+    sends: a lost disk that learns the log from entry 1 (from a leader that does not remember
+    what it had sent, here one that restarted) finds no configuration at all in it. That is
+    not "absent, so new": it must stay out of elections. The data-loss story: y is on a and b
+    only; b loses its disk; a restarts, leads again and has sent b only the first entry when
+    it dies. Admitted, b would elect c, which lacks y."""
+    net = Network(ABC, max_entries_per_message=1)
+    net.elect("a")
+    net.propose("a", b"w")
+    net.isolate("c")
+    y = net.propose("a", b"y")
+    assert net["b"].core.log.committed >= y and net["c"].core.log.last_index() < y
+    b = lose_disk(net, "b")
+    net.restart("a")
+    net.tick("c", times=30)  # cut off, c forgets its leader (and stays a follower: PreVote)
+    net.heal()
+    net.drop(lambda m: m.frm == "a" and m.to == "c" and m.type is not MT.VOTE
+             and m.type is not MT.PREVOTE)  # c votes for a but hears nothing more from it
+    to_b = net.hold(lambda m: m.frm == "a" and m.to == "b" and m.type is MT.APPEND)
+    net.elect("a")
+    while b.core.log.last_index() < 1:  # a backs off to the start of its log, entry 1
+        assert net.deliver_held(to_b), "a sent b nothing more"
+        net.stabilize()
+    assert b.core.log.last_index() < y
+    assert b.core.admission is not None
+
+    net.heal()
+    net.release()
+    net.clear_queue()
+    net.isolate("a")  # a dies
+    since = len(net.sent)
+    for _ in range(40):
+        net.tick("b", "c")
+        net.stabilize()
+    assert net["c"].role is not Role.LEADER
+    answers = [m for m in net.sent[since:] if m.frm == "b"
+               and m.type in (MT.VOTE_RESP, MT.PREVOTE_RESP)]
+    assert answers and all(m.reject for m in answers)
+
+    # a comes back and leads; b reads the whole log, finds no configuration naming it, and
+    # is fenced for good: a lost voter of the first configuration.
+    net.heal()
+    net.tick("a", "b", "c", times=40)
+    [leader] = net.leaders()
+    assert net[leader].core.log.last_index() >= y
+    assert b.core.log.last_index() == net[leader].core.log.last_index()
+    assert b.core.admission == (FENCED, 0)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 import threading
 import time
 from urllib.parse import quote
@@ -236,6 +237,60 @@ def test_an_enormous_content_length_is_refused_before_the_body(cluster, canary, 
         doc = raw_error(answer, 413, "too_large")
         assert str(MIB) in doc["error"]
     canary.check("Content-Length 1 TiB")
+
+
+@pytest.mark.parametrize("path", ["/v1/kv/expect-too-big", "/v1/members"])
+def test_an_oversized_body_announced_with_expect_100_continue_is_413_without_inviting_it(
+        cluster, canary, path):
+    """`Expect: 100-continue` (what curl sends for a large body): the refusal comes instead of
+    `100 Continue`, so the client never sends the body, and the connection is closed."""
+    method = "PUT" if path.startswith("/v1/kv") else "POST"
+    for member in cluster.members:
+        host, port = address(cluster.nodes[member].url)
+        answer = raw_exchange(host, port, (
+            f"{method} {path} HTTP/1.1\r\nHost: {host}\r\nExpect: 100-continue\r\n"
+            f"Content-Length: {2 * MIB}\r\n\r\n").encode(), timeout=10, read_until_close=True)
+        assert not answer.startswith(b"HTTP/1.1 100"), answer[:200]
+        doc = raw_error(answer, 413, "too_large")
+        assert str(2 * MIB) in doc["error"] and str(MIB) in doc["error"]
+        assert parse_raw(answer)[1].get("connection", "").lower() == "close"
+    with leader_client(cluster) as c:
+        assert c.get("expect-too-big").status == 404
+    canary.check("Expect: 100-continue with 2 MiB")
+
+
+def test_a_body_within_the_limit_announced_with_expect_100_continue_is_invited(cluster,
+                                                                               canary):
+    value = b"e" * 1000
+    for member in cluster.members:  # the leader, and followers that forward it
+        host, port = address(cluster.nodes[member].url)
+        with socket.create_connection((host, port), timeout=20) as sock:
+            sock.sendall((f"PUT /v1/kv/expect/{member} HTTP/1.1\r\nHost: {host}\r\n"
+                          "Expect: 100-continue\r\nConnection: close\r\n"
+                          f"Content-Length: {len(value)}\r\n\r\n").encode())
+            interim = b""
+            while not interim.endswith(b"\r\n\r\n"):
+                chunk = sock.recv(1)
+                assert chunk, interim
+                interim += chunk
+            assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+            sock.sendall(value)
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+        assert parse_raw(answer)[0] == 200, answer[:300]
+        with cluster.client(member, timeout=20) as c:
+            assert c.get(f"expect/{member}").body == value
+    canary.check("Expect: 100-continue within the limit")
+
+
+def test_an_unknown_expectation_is_417_json(cluster, canary):
+    host, port = address(cluster.nodes[cluster.members[0]].url)
+    answer = raw_exchange(host, port, (
+        f"PUT /v1/kv/expect-odd HTTP/1.1\r\nHost: {host}\r\nExpect: 200-ok\r\n"
+        "Content-Length: 1\r\n\r\nx").encode(), timeout=10)
+    raw_error(answer, 417, "expectation_failed")
+    canary.check("Expect: 200-ok")
 
 
 def test_concurrent_snapshot_requests_never_fail_with_500(cluster, canary):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,8 @@ import pytest
 from flotilla.node.consensus import Entry, Membership, SnapshotMeta
 from flotilla.node.statemachine.kv import KVStateMachine
 from flotilla.node.storage import DataDir, DiskStorage, SnapshotStore
+
+from tests.harness.ports import allocate_ports
 
 
 def run_node(*args: str, timeout: float = 20) -> subprocess.CompletedProcess:
@@ -38,6 +41,17 @@ BASE = ["--listen-peer", "127.0.0.1:1", "--listen-client", "127.0.0.1:2"]
          "at least twice --heartbeat-ms"),
         (["--name", "n1", "--data-dir", "/tmp/x", *BASE, "--no-such-flag"],
          "unrecognized arguments"),
+        (["--name", "n1\nn2", "--data-dir", "/tmp/x", *BASE], "--name must be 1 to 63"),
+        (["--name", "n1", "--data-dir", "/tmp/x", *BASE, "--advertise-peer", "http://[::1"],
+         "--advertise-peer must be an http(s) URL"),
+        (["--name", "n1", "--data-dir", "/tmp/x", *BASE, "--initial-cluster", "n1=http://[::1"],
+         "--initial-cluster must be an http(s) URL"),
+        (["--name", "n1", "--data-dir", "/tmp/x", *BASE, "--archive", "s3://b/p",
+          "--s3-endpoint", "ftp://minio:9000"], "--s3-endpoint must be an http(s) URL"),
+        (["--name", "n1", "--data-dir", "/tmp/x", *BASE, "--archive", "s3://b/p",
+          "--s3-endpoint", "http://key:secret@minio:9000"], "must not carry credentials"),
+        (["--name", "n1", "--data-dir", "/tmp/x", *BASE, "--initial-cluster",
+          "n1=http://127.0.0.1:5,a\nb=http://127.0.0.1:6"], "a member name is 1 to 63"),
     ],
 )
 def test_bad_flags_exit_2_with_one_line_reason(args, says):
@@ -46,6 +60,32 @@ def test_bad_flags_exit_2_with_one_line_reason(args, says):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert says in lines[0]
+
+
+@pytest.mark.parametrize("taken", ["--listen-peer", "--listen-client"])
+def test_a_port_in_use_exits_2_with_one_line_and_nothing_else(tmp_path, taken):
+    """Nothing the member started is left to complain at exit (no unclosed session)."""
+    peer, client = allocate_ports(2)
+    occupied = peer if taken == "--listen-peer" else client
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", occupied))
+        holder.listen()
+        result = run_node("--name", "n1", "--data-dir", str(tmp_path / "n1"),
+                          "--listen-peer", f"127.0.0.1:{peer}",
+                          "--listen-client", f"127.0.0.1:{client}")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [
+        f"flotilla node: cannot listen: 127.0.0.1:{occupied} ({taken}): address already in use"]
+
+
+def test_an_address_of_another_host_exits_2_with_one_line(tmp_path):
+    peer = allocate_ports(1)[0]
+    result = run_node("--name", "n1", "--data-dir", str(tmp_path / "n1"),
+                      "--listen-peer", f"127.0.0.1:{peer}", "--listen-client", "192.0.2.1:2379")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [
+        "flotilla node: cannot listen: 192.0.2.1:2379 (--listen-client): cannot assign "
+        "requested address"]
 
 
 def test_environment_supplies_flags_and_a_flag_beats_it(tmp_path):

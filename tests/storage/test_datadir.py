@@ -4,9 +4,17 @@ cluster, or the dir is refused with a message that says what to do."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
-from flotilla.node.storage import CorruptDataError, DataDir, DataDirError, DiskStorage
+from flotilla.node.storage import (
+    CorruptDataError,
+    DataDir,
+    DataDirError,
+    DataDirInUse,
+    DiskStorage,
+    lock_data_dir,
+)
 
 
 def test_the_first_start_creates_the_identity_and_later_starts_keep_it(tmp_path):
@@ -62,3 +70,22 @@ def test_the_log_lives_inside_an_opened_data_dir(tmp_path):
     log.close()
     assert not DataDir.open(tmp_path, cluster_id="prod", member_name="n1").created
     assert sorted(p.name for p in tmp_path.iterdir()) == ["identity.json", "wal"]
+
+
+def test_a_held_data_dir_is_refused_naming_the_holder_until_released(tmp_path):
+    held = lock_data_dir(tmp_path / "d")
+    with pytest.raises(DataDirInUse) as caught:
+        lock_data_dir(tmp_path / "d")  # flock is per open file: this process counts as another
+    assert caught.value.holder == os.getpid()
+    assert str(caught.value) == (f"{tmp_path / 'd'} is in use by another flotilla node "
+                                 f"(pid {os.getpid()}); stop it first")
+    held.release()
+    lock_data_dir(tmp_path / "d").release()
+
+
+def test_the_lock_file_does_not_make_an_empty_data_dir_look_used(tmp_path):
+    held = lock_data_dir(tmp_path / "d")
+    try:
+        assert DataDir.open(tmp_path / "d", cluster_id="c1", member_name="n1").created
+    finally:
+        held.release()
