@@ -64,6 +64,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PipelineError as exc:
         print(f"flotilla pipeline: {exc}", file=sys.stderr)
         return exc.exit_code
+    except Exception as exc:
+        from .spark import task_failure
+
+        why = task_failure(exc)
+        if why is None:
+            raise
+        print(f"flotilla pipeline: the Spark job failed: {why}", file=sys.stderr)
+        return EXIT_FAILED
     except SystemExit as exc:  # --help
         return int(exc.code or 0)
     except KeyboardInterrupt:

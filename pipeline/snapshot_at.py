@@ -32,6 +32,7 @@ from flotilla.node.archive import ArchiveError, ClusterArchive, open_archive
 from flotilla.node.archive.errors import ArchiveNotFound
 from flotilla.node.archive.restore import RestorePlan, resolve_cluster_id
 from flotilla.node.consensus import EntryKind, Membership, SnapshotMeta
+from flotilla.node.consensus.types import EMPTY_MEMBERSHIP
 from flotilla.node.statemachine.kv import KVStateMachine, packer
 from flotilla.node.statemachine.sessions import Session
 from flotilla.node.storage import SnapshotStore
@@ -72,7 +73,8 @@ def snapshot_at(spark: Any, ref: ArchiveRef, index: int, *, to_cluster_id: str |
                 dry_run: bool = False, tasks: int | None = None) -> SnapshotAtResult | dict:
     archive = open_archive(ref.url, endpoint=ref.s3_endpoint, region=ref.s3_region)
     try:
-        cluster_id = resolve_cluster_id(archive, ref.cluster_id)
+        cluster_id = resolve_cluster_id(archive, ref.cluster_id, id_flag="--cluster-id",
+                                        url_flag="--archive")
         ref = ArchiveRef(ref.url, cluster_id, ref.s3_endpoint, ref.s3_region)
         cluster = ClusterArchive(archive, cluster_id)
         plan = plan_snapshot_at(cluster, index)
@@ -186,7 +188,10 @@ def _meta_at(ops: Any, plan: RestorePlan, base_meta: SnapshotMeta | None) -> Sna
     elif base_meta is not None:
         membership = base_meta.membership
     else:
-        raise PipelineError(f"no configuration at or below index {index} in the archive")
+        # The first configuration lives only in each member's bootstrap snapshot, never in
+        # the log or the archive. A restore takes its configuration from --initial-cluster and
+        # reads only the payload, which is exact either way.
+        membership = EMPTY_MEMBERSHIP
     return SnapshotMeta(index, found[0]["term"], membership)
 
 

@@ -8,7 +8,9 @@ import shutil
 import sys
 from typing import Any
 
-__all__ = ["PipelineError", "spark_session"]
+__all__ = ["PipelineError", "spark_session", "task_failure"]
+
+LOG_CONFIG = os.path.join(os.path.dirname(__file__), "log4j2.properties")
 
 
 class PipelineError(Exception):
@@ -56,7 +58,11 @@ def spark_session(master: str = "local[*]", app: str = "flotilla-pipeline") -> A
                .config("spark.ui.enabled", "false")
                .config("spark.sql.execution.arrow.pyspark.enabled", "true")
                .config("spark.sql.shuffle.partitions", str(max(2, os.cpu_count() or 2)))
-               .config("spark.driver.extraJavaOptions", "-Dlog4j2.level=ERROR"))
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.driver.extraJavaOptions",
+                       f"-Dlog4j.configurationFile={LOG_CONFIG}")
+               .config("spark.executor.extraJavaOptions",
+                       f"-Dlog4j.configurationFile={LOG_CONFIG}"))
     try:
         session = builder.getOrCreate()
     except Exception as exc:  # the JVM did not start: the first line of its complaint
@@ -64,3 +70,19 @@ def spark_session(master: str = "local[*]", app: str = "flotilla-pipeline") -> A
                             f"{str(exc).strip().splitlines()[0]}") from None
     session.sparkContext.setLogLevel("ERROR")
     return session
+
+
+def task_failure(exc: BaseException) -> str | None:
+    """The one line that matters in a failed Spark job's exception: the Python error a task
+    raised (an archive object that does not verify, say), else the first line. None when
+    `exc` is not Spark's."""
+    module = type(exc).__module__ or ""
+    if not module.startswith(("pyspark", "py4j")):
+        return None
+    text = str(exc)
+    for line in text.splitlines():
+        for marker in ("ArchiveCorrupt: ", "ArchiveNotFound: ", "ArchiveError: "):
+            if marker in line:
+                return line.split(marker, 1)[1].strip()
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else type(exc).__name__

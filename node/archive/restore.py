@@ -199,26 +199,28 @@ def list_clusters(archive: Archive) -> list[str]:
 
 
 def resolve_cluster_id(archive: Archive, cluster_id: str | None = None, *,
-                       excluding: str | None = None) -> str:
+                       excluding: str | None = None, id_flag: str = "--restore-cluster-id",
+                       url_flag: str = "--restore-from") -> str:
     """The cluster to restore: `cluster_id` if given and present, else the only one there
     (the `--restore-cluster-id` default), not counting `excluding` (the restoring cluster's
-    own id: a restored cluster may already archive beside the one it came from)."""
+    own id: a restored cluster may already archive beside the one it came from). Errors name
+    the caller's flags."""
     clusters = [c for c in list_clusters(archive) if c != excluding or c == cluster_id]
     if cluster_id is not None:
         if cluster_id not in clusters:
             raise ArchiveNotFound(
                 f"{archive.url} holds no cluster {cluster_id!r} (it holds: "
-                f"{', '.join(clusters) or 'none'}); check --restore-cluster-id"
+                f"{', '.join(clusters) or 'none'}); check {id_flag}"
             )
         return cluster_id
     if not clusters:
         raise ArchiveNotFound(
-            f"{archive.url} holds no archived cluster; check the --restore-from URL (and "
+            f"{archive.url} holds no archived cluster; check the {url_flag} URL (and "
             "--s3-endpoint)"
         )
     if len(clusters) > 1:
         raise ArchiveError(
             f"{archive.url} holds several clusters ({', '.join(clusters)}); pick one with "
-            "--restore-cluster-id"
+            f"{id_flag}"
         )
     return clusters[0]
