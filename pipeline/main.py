@@ -90,15 +90,15 @@ def _run(args: argparse.Namespace) -> int:
         raise PipelineError(str(exc), EXIT_USAGE) from None
     ref = ArchiveRef(url, args.cluster_id, args.s3_endpoint, args.s3_region)
     if args.job == "snapshot-at":
-        from .snapshot_at import snapshot_at
+        from .snapshot_at import prepare, snapshot_at
 
+        job = prepare(ref, args.index, args.to_cluster_id)
         if args.dry_run:
-            result = snapshot_at(None, ref, args.index, dry_run=True)
-            print(json.dumps(result))
+            print(json.dumps(job.describe()))
             return EXIT_OK
         spark = spark_session(args.master)
         try:
-            result = snapshot_at(spark, ref, args.index, to_cluster_id=args.to_cluster_id)
+            result = snapshot_at(spark, ref, args.index, prepared=job)
         finally:
             spark.stop()
         print(result.to_json())

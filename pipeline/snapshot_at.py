@@ -65,31 +65,61 @@ def plan_snapshot_at(cluster: ClusterArchive, index: int) -> RestorePlan:
     """The restore plan for `index`, or PipelineError (exit 4) naming what can be rebuilt."""
     try:
         return cluster.plan_restore(index)
-    except ArchiveNotFound as exc:
-        raise PipelineError(str(exc), 4) from None
+    except ArchiveNotFound:
+        manifest = cluster.cached_manifest or cluster.manifest()
+        ranges = manifest.restorable_ranges() if manifest is not None else []
+        held = ", ".join(f"{max(low, 1)}..{high}" for low, high in ranges if high >= 1)
+        held = held or "nothing yet"
+        raise PipelineError(f"index {index} is outside what {cluster.url} can rebuild "
+                            f"(indexes {held}); pick an --index there", 4) from None
 
 
-def snapshot_at(spark: Any, ref: ArchiveRef, index: int, *, to_cluster_id: str | None = None,
-                dry_run: bool = False, tasks: int | None = None) -> SnapshotAtResult | dict:
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A checked job: the cluster resolved, the plan made, the target id free. Made before
+    Spark starts, so bad input costs no JVM."""
+
+    ref: ArchiveRef
+    plan: RestorePlan
+    target: str
+
+    def describe(self) -> dict[str, Any]:
+        return {"cluster_id": self.ref.cluster_id, "to_cluster_id": self.target,
+                **_describe(self.plan)}
+
+
+def prepare(ref: ArchiveRef, index: int, to_cluster_id: str | None = None) -> Prepared:
     archive = open_archive(ref.url, endpoint=ref.s3_endpoint, region=ref.s3_region)
     try:
         cluster_id = resolve_cluster_id(archive, ref.cluster_id, id_flag="--cluster-id",
                                         url_flag="--archive")
         ref = ArchiveRef(ref.url, cluster_id, ref.s3_endpoint, ref.s3_region)
-        cluster = ClusterArchive(archive, cluster_id)
-        plan = plan_snapshot_at(cluster, index)
-        if dry_run:
-            return _describe(plan)
+        plan = plan_snapshot_at(ClusterArchive(archive, cluster_id), index)
         target = to_cluster_id or f"{cluster_id}-at-{index}"
+        if ClusterArchive(archive, target).manifest() is not None:
+            raise PipelineError(f"{ref.url} already holds a cluster {target!r}: pick "
+                                "another --to-cluster-id", 2)
+        return Prepared(ref, plan, target)
+    except ArchiveError as exc:
+        raise PipelineError(f"cannot read {ref.url}: {exc}") from None
+    finally:
+        archive.close()
+
+
+def snapshot_at(spark: Any, ref: ArchiveRef, index: int, *, to_cluster_id: str | None = None,
+                tasks: int | None = None, prepared: Prepared | None = None
+                ) -> SnapshotAtResult:
+    job = prepared or prepare(ref, index, to_cluster_id)
+    ref, plan, target = job.ref, job.plan, job.target
+    archive = open_archive(ref.url, endpoint=ref.s3_endpoint, region=ref.s3_region)
+    try:
+        cluster = ClusterArchive(archive, ref.cluster_id)
         with tempfile.TemporaryDirectory(prefix="flotilla-snapshot-at-") as work:
             base_meta, base = _read_base(cluster, plan, Path(work))
             ops = _ops(spark, ref, plan, tasks)
             meta = _meta_at(ops, plan, base_meta)
             path = _synthesize(spark, ref, plan, ops, meta, base, Path(work))
             out = ClusterArchive(archive, target)
-            if out.manifest() is not None:
-                raise PipelineError(f"{ref.url} already holds a cluster {target!r}: pick "
-                                    "another --to-cluster-id", 2)
             record = out.upload_snapshot(path, meta)
             out.publish()
             return SnapshotAtResult(target, index, meta.term, None, out.location(record),

@@ -46,6 +46,11 @@ def spark_session(master: str = "local[*]", app: str = "flotilla-pipeline") -> A
     binds to loopback unless SPARK_LOCAL_IP says otherwise."""
     _require_pyspark()
     _require_java()
+    # The driver's JVM starts before any session config applies: its log4j2 settings go
+    # through the launcher's environment.
+    opts = os.environ.get("SPARK_SUBMIT_OPTS", "")
+    if "log4j.configurationFile" not in opts:
+        os.environ["SPARK_SUBMIT_OPTS"] = f"{opts} -Dlog4j.configurationFile={LOG_CONFIG}".strip()
     if master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         # Workers run this interpreter, which has flotilla installed; elsewhere the cluster's

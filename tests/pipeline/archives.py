@@ -1,0 +1,91 @@
+"""Archives written the way a leader writes them, without running a cluster: segments and
+snapshots through the project's own archive client, a first configuration entry, commands
+from the key-value machine's encoders. And the oracle: the node's own restore plan replayed
+through the node's machine."""
+
+from __future__ import annotations
+
+import io
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from flotilla.node.archive import ClusterArchive, open_archive
+from flotilla.node.consensus import Entry, EntryKind, Membership, SnapshotMeta
+from flotilla.node.statemachine.kv import KVStateMachine
+from flotilla.node.storage import SnapshotStore
+
+VOTERS = Membership(voters=frozenset({"n1", "n2", "n3"}),
+                    addresses=(("n1", "http://a:1"), ("n2", "http://b:1"), ("n3", "http://c:1")))
+
+
+def write_archive(url: str, cluster_id: str, commands: Sequence[bytes], *,
+                  snapshot_at: Sequence[int] = (), segment_entries: int = 50,
+                  term: int = 2) -> list[Entry]:
+    """Archive a log: a membership entry at 1, then one normal entry per command (a no-op
+    after every 17th, as leader changes leave them), in segments of `segment_entries`, with a
+    snapshot (as a member writes it) at each index of `snapshot_at`. Returns the log."""
+    log = [Entry(1, 1, EntryKind.MEMBERSHIP, VOTERS.encode())]
+    for n, data in enumerate(commands):
+        log.append(Entry(len(log) + 1, term, EntryKind.NORMAL, data))
+        if n % 17 == 16:
+            log.append(Entry(len(log) + 1, term, EntryKind.NOOP, b""))
+    archive = open_archive(url)
+    try:
+        cluster = ClusterArchive(archive, cluster_id)
+        for start in range(0, len(log), segment_entries):
+            cluster.upload_segment(log[start:start + segment_entries])
+        with tempfile.TemporaryDirectory() as tmp:
+            for index in snapshot_at:
+                path = member_snapshot(log, index, Path(tmp) / str(index))
+                cluster.upload_snapshot(path, SnapshotMeta(index, log[index - 1].term, VOTERS))
+        cluster.publish()
+    finally:
+        archive.close()
+    return log
+
+
+def member_snapshot(log: Sequence[Entry], index: int, directory: Path) -> Path:
+    sm = KVStateMachine()
+    for entry in log[:index]:
+        if entry.kind == EntryKind.NORMAL:
+            sm.apply(entry.index, entry.data)
+    store = SnapshotStore(directory, fsync=False)
+    return store.save(SnapshotMeta(index, log[index - 1].term, VOTERS), sm.kind,
+                      sm.write_snapshot)
+
+
+def replayed_payload(url: str, cluster_id: str, index: int) -> bytes:
+    """What the node's restore builds at `index`: its plan, its machine, its bytes."""
+    archive = open_archive(url)
+    try:
+        with tempfile.TemporaryDirectory() as work:
+            prepared = ClusterArchive(archive, cluster_id).prepare_restore(work, index)
+            sm = KVStateMachine()
+            if prepared.snapshot_path is not None:
+                with SnapshotStore.open_payload(SnapshotStore, prepared.snapshot_path) as p:  # type: ignore[arg-type]
+                    sm.restore(p)
+            for entry in prepared.entries():
+                if entry.kind == EntryKind.NORMAL:
+                    sm.apply(entry.index, entry.data)
+            out = io.BytesIO()
+            sm.write_snapshot(out)
+            return out.getvalue()
+    finally:
+        archive.close()
+
+
+def published_payload(url: str, cluster_id: str) -> tuple[SnapshotMeta, bytes]:
+    """The newest snapshot of `cluster_id` in the archive: its metadata and payload."""
+    archive = open_archive(url)
+    try:
+        cluster = ClusterArchive(archive, cluster_id)
+        manifest = cluster.manifest()
+        assert manifest is not None and manifest.last_snapshot is not None
+        with tempfile.TemporaryDirectory() as work:
+            path = Path(work) / "s.snap"
+            meta = cluster.download_snapshot(manifest.last_snapshot, path)
+            with SnapshotStore.open_payload(SnapshotStore, path) as payload:  # type: ignore[arg-type]
+                return meta, payload.read()
+    finally:
+        archive.close()
