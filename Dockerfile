@@ -25,6 +25,7 @@ COPY pyproject.toml README.md ./
 COPY flotilla/ flotilla/
 COPY node/ node/
 COPY operator/ operator/
+COPY pipeline/ pipeline/
 RUN pip wheel --wheel-dir /wheels ".${FLOTILLA_EXTRAS:+[${FLOTILLA_EXTRAS}]}"
 
 # --- the image: a virtualenv with those wheels, run as an unprivileged user ----------------
