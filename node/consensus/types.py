@@ -20,10 +20,17 @@ class EntryKind(IntEnum):
 
 @dataclass(frozen=True, slots=True)
 class Entry:
+    """One log entry. `ts_ms` is the wall-clock time (ms since the Unix epoch) at which the
+    leader of `term` appended it, or 0 where it is unknown (entries written before entries
+    carried one). Leaders stamp `max(their clock, the previous entry's ts_ms)`, so along a log
+    it never decreases, and every member stores the leader's stamp verbatim: the time of an
+    index is a fact of the log, like its term."""
+
     index: int
     term: int
     kind: int = EntryKind.NORMAL
     data: bytes = b""
+    ts_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,11 +108,15 @@ EMPTY_MEMBERSHIP = Membership(voters=frozenset())
 
 @dataclass(frozen=True, slots=True)
 class SnapshotMeta:
-    """Where a snapshot sits in the log, and the configuration in force at that point."""
+    """Where a snapshot sits in the log, and the configuration in force at that point.
+
+    `ts_ms` is the time of the entry at `index` (0 if unknown), so a member whose log starts
+    after a snapshot still knows the time of that index, and stamps what follows no earlier."""
 
     index: int
     term: int
     membership: Membership
+    ts_ms: int = 0
 
 
 @dataclass(slots=True)
