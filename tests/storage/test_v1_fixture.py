@@ -1,11 +1,12 @@
 """Files in the first release's formats (tests/fixtures/v1, written by that release) stay
-readable: the write-ahead log, the log start, the hard state and the snapshot of its data dir."""
+readable: the write-ahead log, the log start, the hard state and the snapshot of its data dir.
+That release stored no times: its entries and snapshot read back with time 0 (unknown)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from flotilla.node.consensus import EntryKind
+from flotilla.node.consensus import Entry, EntryKind
 from flotilla.node.statemachine.kv import KVStateMachine
 from flotilla.node.storage import DataDir, DiskStorage, SnapshotStore
 
@@ -35,6 +36,8 @@ def test_the_v1_log_is_recovered_whole(tmp_path):
                                                         expected["last_index"] + 1))
         assert all(e.term == expected["term"] for e in entries)
         assert all(e.kind == EntryKind.NORMAL for e in entries)
+        assert all(e.ts_ms == 0 for e in entries)
+        assert recovered.snapshot.ts_ms == 0
         assert [e.index for e in recovered.entries] == list(
             range(expected["snapshot_index"] + 1, expected["last_index"] + 1))
     finally:
@@ -50,6 +53,7 @@ def test_the_v1_snapshot_plus_the_log_give_the_recorded_state(tmp_path):
         stored, sm = found
         assert stored.meta.index == expected["snapshot_index"]
         assert stored.meta.term == expected["term"]
+        assert stored.meta.ts_ms == 0
         for entry in storage.recover().entries:
             sm.apply(entry.index, entry.data)
         assert {k: sm.get(k)[0].decode() for k in sm.list()} == expected["state"]
@@ -57,22 +61,24 @@ def test_the_v1_snapshot_plus_the_log_give_the_recorded_state(tmp_path):
         storage.close()
 
 
-def test_a_v1_log_takes_new_entries_and_recovers_them(tmp_path):
+def test_a_v1_log_takes_new_entries_with_times_and_recovers_them(tmp_path):
     expected = v1_expected()
     data_dir, storage = open_v1(tmp_path)
     last = expected["last_index"]
     try:
-        more = [type(e)(e.index + 5, e.term, e.kind, e.data)
+        old = storage.entries(expected["first_index"], last + 1)
+        more = [Entry(e.index + 5, e.term + 1, e.kind, e.data, 1_800_000_000_000 + e.index)
                 for e in storage.entries(last - 4, last + 1)]
         storage.append(more)
         storage.sync()
+        storage.compact(last + 2, retain_after=expected["first_index"] - 1)  # a new log start
     finally:
         storage.close()
     reopened = DiskStorage(data_dir, cluster_id=expected["cluster_id"])
     try:
         assert reopened.last_index() == last + 5
-        assert [e.data for e in reopened.entries(last + 1, last + 6)] == [
-            e.data for e in reopened.entries(last - 4, last + 1)]
+        assert reopened.entries(expected["first_index"], last + 6) == old + more
+        assert reopened.recover().snapshot.ts_ms == more[1].ts_ms
     finally:
         reopened.close()
 
