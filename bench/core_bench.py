@@ -21,10 +21,15 @@ from flotilla.node.consensus import (
 )
 
 
+def wall_clock_ms() -> int:
+    """The clock the node injects: leaders stamp every entry they append with it."""
+    return time.time_ns() // 1_000_000
+
+
 def build(names: list[str]) -> dict[str, RaftCore]:
     membership = Membership(voters=frozenset(names))
     return {
-        name: RaftCore(name, Settings(rng=random.Random(i)),
+        name: RaftCore(name, Settings(rng=random.Random(i), wall_clock_ms=wall_clock_ms),
                        RecoveredState(snapshot=SnapshotMeta(0, 0, membership)))
         for i, name in enumerate(names)
     }

@@ -64,7 +64,8 @@ def group_commit_rate(directory: Path, seconds: float, batch: int, *, sync: bool
 
     def step() -> None:
         nonlocal next_index
-        log.append([Entry(i, 1, 0, DATA) for i in range(next_index, next_index + batch)])
+        now = time.time_ns() // 1_000_000  # stamped as a leader stamps a batch it appends
+        log.append([Entry(i, 1, 0, DATA, now) for i in range(next_index, next_index + batch)])
         if sync:
             log.sync()
         next_index += batch

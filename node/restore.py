@@ -4,7 +4,8 @@ On an empty data dir, every initial member does the same, deterministic work: pi
 intact snapshot at or below the requested index (falling back to older snapshots and more
 segments past a corrupt object), replay the archived entries up to that index into the state
 machine, and write the result as this member's first snapshot at that index, with
-`--initial-cluster` as its configuration (term 0: before any term of the new cluster). Every
+`--initial-cluster` as its configuration (term 0: before any term of the new cluster) and the
+archived time of that index (the new cluster's entries are stamped no earlier). Every
 member thus starts from the same state at the same index, and the new cluster's log continues
 right after it, under its own cluster id.
 
@@ -90,14 +91,17 @@ def restore(cfg: NodeConfig, data_dir: Path, snapshots: SnapshotStore,
                 sm.restore(payload)
         replayed, to_replay = 0, plan.index - plan.base_index
         progress("replay", 0, to_replay, "entries")
+        # The time of the restored index: the new cluster's log goes on from there.
+        ts_ms = prepared.snapshot_meta.ts_ms if prepared.snapshot_meta is not None else 0
         for entry in prepared.entries():
             if entry.kind == EntryKind.NORMAL:
                 sm.apply(entry.index, entry.data)
             replayed += 1
+            ts_ms = entry.ts_ms
             if replayed % 4096 == 0:
                 progress("replay", replayed, to_replay, "entries")
         progress("replay", replayed, to_replay, "entries")
-        meta = SnapshotMeta(plan.index, 0, membership)
+        meta = SnapshotMeta(plan.index, 0, membership, ts_ms)
         frozen = sm.freeze()
         try:
             snapshots.save(meta, sm.kind, frozen.write)

@@ -83,6 +83,11 @@ class _Proposal:
     size: int
 
 
+def wall_clock_ms() -> int:
+    """The time a leader stamps on the entries it appends (Settings.wall_clock_ms)."""
+    return time.time_ns() // 1_000_000
+
+
 def _restored_machine(payload) -> KVStateMachine:
     sm = KVStateMachine()
     sm.restore(payload)
@@ -177,6 +182,7 @@ class NodeServer:
             rng=random.Random(),  # a member's own timeouts need no reproducibility
             election_ticks=cfg.election_ticks,
             heartbeat_ticks=1,
+            wall_clock_ms=wall_clock_ms,
         )
         self.core = RaftCore(cfg.name, settings, recovered)
         # A member that starts empty to be added (`existing`) votes only once the cluster is
@@ -512,7 +518,8 @@ class NodeServer:
             core = self.core
             if self._snapshot is not None and self._snapshot.meta.index == index:
                 return self._snapshot_doc()
-            meta = SnapshotMeta(index, core.log.term(index), core.log.membership_at(index))
+            meta = SnapshotMeta(index, core.log.term(index), core.log.membership_at(index),
+                                core.log.ts(index))
             frozen = self.sm.freeze()  # applies go on while it is written
             try:
                 path = await asyncio.to_thread(self.snapshots.save, meta, self.sm.kind,

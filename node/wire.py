@@ -2,9 +2,13 @@
 
 A batch is one HTTP body: `[version, cluster_id, sender, sender_peer_url, sender_client_url,
 [message, ...]]`. A message is a flat array in `Message` field order, entries as
-`[index, term, kind, data]` and a snapshot as `[index, term, membership]`; the snapshot's
-payload never rides here (it is streamed on its own). Decoding checks every field's type, so
-garbage on the peer port becomes a `WireError`, never a crash.
+`[index, term, kind, data, ts_ms]` and a snapshot as `[index, term, membership, ts_ms]`; the
+snapshot's payload never rides here (it is streamed on its own). Decoding checks every field's
+type, so garbage on the peer port becomes a `WireError`, never a crash.
+
+Members of the first release send entries without `ts_ms` (`[index, term, kind, data]`) and
+snapshots as `[index, term, membership]`; both are still accepted, with time 0 (unknown), so a
+cluster can be upgraded one member at a time.
 """
 
 from __future__ import annotations
@@ -44,10 +48,10 @@ def _encode(m: Message) -> list[Any]:
     snap = None
     if m.snapshot is not None:
         meta = m.snapshot.meta
-        snap = [meta.index, meta.term, meta.membership.encode()]
+        snap = [meta.index, meta.term, meta.membership.encode(), meta.ts_ms]
     return [
         int(m.type), m.to, m.frm, m.term, m.log_term, m.index,
-        [[e.index, e.term, int(e.kind), e.data] for e in m.entries],
+        [[e.index, e.term, int(e.kind), e.data, e.ts_ms] for e in m.entries],
         m.commit, m.reject, m.hint_index, m.hint_term, snap, m.context, m.force,
     ]
 
@@ -125,13 +129,13 @@ def _decode(item: Any) -> Message:
         raise WireError("entries must be a list")
     decoded = []
     for e in entries:
-        if (not isinstance(e, list) or len(e) != 4 or type(e[0]) is not int
+        if (not isinstance(e, list) or len(e) not in (4, 5) or type(e[0]) is not int
                 or type(e[1]) is not int or type(e[2]) is not int or type(e[3]) is not bytes):
-            raise WireError("an entry must be [index, term, kind, bytes]")
+            raise WireError("an entry must be [index, term, kind, bytes, ts_ms]")
         if e[2] not in _KINDS:
             raise WireError(f"unknown entry kind {e[2]}")
         decoded.append(Entry(_int(e[0], "entry index"), _int(e[1], "entry term"),
-                             e[2], e[3]))
+                             e[2], e[3], _int(e[4], "entry ts_ms") if len(e) == 5 else 0))
     if decoded:  # what any leader's log slice looks like; anything else would corrupt a log
         first = _int(index, "index") + 1
         for i, e in enumerate(decoded):
@@ -143,11 +147,13 @@ def _decode(item: Any) -> Message:
                 raise WireError("entry terms must not decrease nor exceed the message's term")
     snapshot = None
     if snap is not None:
-        if not isinstance(snap, list) or len(snap) != 3 or type(snap[2]) is not bytes:
-            raise WireError("a snapshot must be [index, term, membership]")
+        if not isinstance(snap, list) or len(snap) not in (3, 4) or type(snap[2]) is not bytes:
+            raise WireError("a snapshot must be [index, term, membership, ts_ms]")
         membership = _membership(snap[2])
         snapshot = Snapshot(SnapshotMeta(_int(snap[0], "snapshot index"),
-                                         _int(snap[1], "snapshot term"), membership))
+                                         _int(snap[1], "snapshot term"), membership,
+                                         _int(snap[3], "snapshot ts_ms") if len(snap) == 4
+                                         else 0))
     if context is not None and not isinstance(context, (int, str)):
         raise WireError("context must be an integer, a string or nil")
     return Message(

@@ -4,9 +4,10 @@
 Layers, bottom up: `Archive` (protocol.py), an immutable-object store with two backends,
 `S3Archive` (s3.py) and `FileArchive` (filesystem.py), picked by `open_archive(url)`; the key
 layout (layout.py), the segment format (segments.py) and the manifest (manifest.py);
-`ClusterArchive` (cluster.py), one cluster's archive as the node uses it; and restore planning
-with its fallback to older snapshots (restore.py). Every call blocks and
-is thread-safe: the node runs them on worker threads.
+`ClusterArchive` (cluster.py), one cluster's archive as the node uses it; restore planning
+with its fallback to older snapshots (restore.py); and the resolution of a time to an index
+from a manifest (timeindex.py). Every call blocks and is thread-safe: the node runs them on
+worker threads.
 """
 
 from .cluster import ClusterArchive, RetentionResult
@@ -22,6 +23,15 @@ from .manifest import Manifest, SegmentRecord, SnapshotRecord
 from .protocol import Archive, ArchiveSettings, ObjectInfo
 from .restore import PreparedRestore, RestorePlan, list_clusters, resolve_cluster_id
 from .segments import decode_segment, encode_segment, read_segment_header
+from .timeindex import (
+    TimeOutsideArchive,
+    TimeRange,
+    TimeTarget,
+    format_ms,
+    locate,
+    restorable_time_range,
+    restorable_times,
+)
 from .urls import ArchiveURL, open_archive, parse_archive_url
 
 __all__ = [
@@ -41,14 +51,21 @@ __all__ = [
     "RetentionResult",
     "SegmentRecord",
     "SnapshotRecord",
+    "TimeOutsideArchive",
+    "TimeRange",
+    "TimeTarget",
     "decode_segment",
     "encode_segment",
+    "format_ms",
     "list_clusters",
+    "locate",
     "manifest_key",
     "open_archive",
     "parse_archive_url",
     "read_segment_header",
     "resolve_cluster_id",
+    "restorable_time_range",
+    "restorable_times",
     "segment_key",
     "snapshot_key",
 ]

@@ -18,6 +18,7 @@ the manifest recorded for it.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import threading
@@ -44,8 +45,8 @@ from .layout import (
     segment_key,
     snapshot_key,
 )
-from .manifest import Manifest, SegmentRecord, SnapshotRecord
-from .protocol import Archive
+from .manifest import Manifest, SegmentRecord, SnapshotRecord, known_time
+from .protocol import Archive, ObjectInfo
 from .restore import PreparedRestore, RestorePlan, plan_candidates, prepare_restore, replay
 from .segments import decode_segment, encode_segment
 
@@ -243,7 +244,8 @@ class ClusterArchive:
 
     def upload_snapshot(self, path: str | os.PathLike[str], meta: SnapshotMeta) -> SnapshotRecord:
         """Upload the snapshot file at `path` (unchanged, so it verifies with the snapshot
-        reader) as pending; `publish()` makes it visible. Idempotent."""
+        reader) as pending; `publish()` makes it visible. Idempotent. Its manifest record takes
+        its time from the file's own header."""
         try:
             with PayloadReader(Path(path)) as reader:
                 found = reader.meta
@@ -256,7 +258,8 @@ class ClusterArchive:
             )
         key = snapshot_key(meta.index, meta.term)
         info = self.archive.put_file(self._full(key), path)
-        record = SnapshotRecord(meta.index, meta.term, key, info.size, info.sha256 or "")
+        record = SnapshotRecord(meta.index, meta.term, key, info.size, info.sha256 or "",
+                                known_time(found.ts_ms))
         with self._lock:
             self._pending_snapshots[key] = record
         return record
@@ -282,14 +285,39 @@ class ClusterArchive:
                 self._check_fits(first, last, snapshots, ranges)
                 self._uploading[key] = (first, last)
         try:
-            info = self.archive.put_bytes(self._full(key), data)
+            try:
+                info = self.archive.put_bytes(self._full(key), data)
+            except ArchiveConflict:
+                info, entries = self._earlier_upload(key, entries)
         finally:
             with self._lock:
                 self._uploading.pop(key, None)
-        record = SegmentRecord(first, last, key, info.size, info.sha256 or "")
+        record = SegmentRecord(first, last, key, info.size, info.sha256 or "",
+                               known_time(entries[0].ts_ms), known_time(entries[-1].ts_ms))
         with self._lock:
             self._pending_segments[key] = record
         return record
+
+    def _earlier_upload(self, key: str, entries: list[Entry]) -> tuple[ObjectInfo, list[Entry]]:
+        """The object already at `key`, if it holds exactly `entries` in an older encoding
+        (uploaded by a build that wrote no times, and never published: a crash, or a leader
+        change, came before its manifest). Its own entries are returned: its times are what the
+        archive records. Raises ArchiveConflict when it holds anything else."""
+        name = self.archive.url_for(self._full(key))
+        data = self.archive.get_bytes(self._full(key))
+        found = decode_segment(data, name=name, cluster_id=self.cluster_id)
+        same = len(found) == len(entries) and all(
+            (old.index, old.term, old.kind, old.data) == (new.index, new.term, new.kind, new.data)
+            and old.ts_ms in (0, new.ts_ms)
+            for old, new in zip(found, entries, strict=True)
+        )
+        if not same:
+            raise ArchiveConflict(
+                f"{name} already exists and holds other entries than this member's log has for "
+                f"{entries[0].index}..{entries[-1].index}; is another cluster archiving under "
+                f"the same id?"
+            )
+        return ObjectInfo(key, len(data), hashlib.sha256(data).hexdigest()), found
 
     def _check_fits(
         self,

@@ -17,6 +17,13 @@ Invariant (kept by `Manifest.create` and checked by `from_json`): snapshots are 
 and segments by (first, last), keys are unique, and no record lies wholly below
 `retention_floor` (the oldest kept snapshot when retention last ran: history before it was
 deleted, and a writer that still holds an old record must not bring it back).
+
+Time. Each segment record may carry `first_ts_ms` and `last_ts_ms`, the times of its first and
+last entries, and each snapshot record `ts_ms`, the time of the entry at its index (see
+`Entry.ts_ms`). They are optional: absent in manifests of the first release, and wherever the
+time is unknown (entries written before entries carried one). Times never decrease along the
+log, so these ranges let timeindex.py resolve a time to segments without reading them. Old
+builds ignore the fields, so the manifest format version is unchanged.
 """
 
 from __future__ import annotations
@@ -39,10 +46,14 @@ class SnapshotRecord:
     key: str  # relative to the cluster's prefix, e.g. "snapshots/…-….snap"
     size: int  # bytes ("bytes" in the JSON)
     sha256: str
+    ts_ms: int | None = None  # the time of the entry at `index`; None: unknown
 
     def to_json(self) -> dict[str, Any]:
-        return {"index": self.index, "term": self.term, "key": self.key, "bytes": self.size,
-                "sha256": self.sha256}
+        document = {"index": self.index, "term": self.term, "key": self.key,
+                    "bytes": self.size, "sha256": self.sha256}
+        if self.ts_ms is not None:
+            document["ts_ms"] = self.ts_ms
+        return document
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,10 +63,22 @@ class SegmentRecord:
     key: str
     size: int
     sha256: str
+    first_ts_ms: int | None = None  # the time of entry `first`; None: unknown
+    last_ts_ms: int | None = None  # the time of entry `last`; None: unknown
 
     def to_json(self) -> dict[str, Any]:
-        return {"first": self.first, "last": self.last, "key": self.key, "bytes": self.size,
-                "sha256": self.sha256}
+        document = {"first": self.first, "last": self.last, "key": self.key,
+                    "bytes": self.size, "sha256": self.sha256}
+        if self.first_ts_ms is not None:
+            document["first_ts_ms"] = self.first_ts_ms
+        if self.last_ts_ms is not None:
+            document["last_ts_ms"] = self.last_ts_ms
+        return document
+
+
+def known_time(ts_ms: int) -> int | None:
+    """A manifest's view of an entry's `ts_ms`: 0 (unknown) is left out of the manifest."""
+    return ts_ms or None
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,12 +225,13 @@ class Manifest:
                 )
             snapshots = tuple(
                 SnapshotRecord(_int(s["index"]), _int(s["term"]), str(s["key"]),
-                               _int(s["bytes"]), str(s["sha256"]))
+                               _int(s["bytes"]), str(s["sha256"]), _optional_int(s, "ts_ms"))
                 for s in document["snapshots"]
             )
             segments = tuple(
                 SegmentRecord(_int(s["first"]), _int(s["last"]), str(s["key"]),
-                              _int(s["bytes"]), str(s["sha256"]))
+                              _int(s["bytes"]), str(s["sha256"]),
+                              _optional_int(s, "first_ts_ms"), _optional_int(s, "last_ts_ms"))
                 for s in document["segments"]
             )
             manifest = cls.create(
@@ -226,7 +250,19 @@ class Manifest:
                 "or below its retention floor",
                 key=name,
             )
+        inverted = [s.key for s in segments if s.first_ts_ms is not None
+                    and s.last_ts_ms is not None and s.first_ts_ms > s.last_ts_ms]
+        if inverted:
+            raise ArchiveCorrupt(
+                f"{name} is not a valid manifest: segment {inverted[0]} ends at an earlier time "
+                "than it starts",
+                key=name,
+            )
         return manifest
+
+
+def _optional_int(document: dict[str, Any], key: str) -> int | None:
+    return None if document.get(key) is None else _int(document[key])
 
 
 def _int(value: Any) -> int:

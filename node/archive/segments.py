@@ -6,13 +6,16 @@ Layout (integers little-endian):
              cluster-id length u16 | cluster id (UTF-8) | CRC32 of everything before it u32
     record*  exactly last - first + 1 records, in index order, in the write-ahead log's record
              format (node/storage/segment.py): payload length u32 | CRC32 of payload u32 |
-             payload = msgpack [index, term, kind, data]
+             payload = msgpack [index, term, kind, data, ts_ms]
 
 Nothing follows the last record. The header names the range, so a truncated or padded object is
 caught even before its SHA-256 is checked, and the cluster id means segments of another
-cluster are never replayed by mistake. The encoding is deterministic (no timestamps), so the
-same committed entries always encode to the same bytes: a re-upload after a crash, or by the
-next leader, is recognised as identical.
+cluster are never replayed by mistake. The encoding is deterministic (the only time in it is
+each entry's `ts_ms`, which is part of the log), so the same committed entries always encode to
+the same bytes: a re-upload after a crash, or by the next leader, is recognised as identical.
+
+Version 1 segments, written by the first release, hold version 1 records (`[index, term, kind,
+data]`, read with `ts_ms` 0); this build writes version 2 segments of version 2 records.
 """
 
 from __future__ import annotations
@@ -23,12 +26,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from flotilla.node.consensus.types import Entry
-from flotilla.node.storage.segment import encode_record, scan_records
+from flotilla.node.storage.segment import RECORD_V1, RECORD_V2, encode_record, scan_records
 
 from .errors import ArchiveCorrupt
 
 MAGIC = b"FLOTASEG"
-VERSION = 1
+VERSION = 2
+RECORD_VERSIONS = {1: frozenset({RECORD_V1}), 2: frozenset({RECORD_V2})}  # by segment version
 
 _FIXED = struct.Struct("<8sHHQQH")
 _CRC = struct.Struct("<I")
@@ -43,8 +47,10 @@ class SegmentHeader:
     size: int  # bytes; the first record starts here
 
 
-def encode_segment(cluster_id: str, entries: Sequence[Entry]) -> bytes:
-    """Encode committed `entries` (non-empty, consecutive indexes) for the archive."""
+def encode_segment(cluster_id: str, entries: Sequence[Entry], *, version: int = VERSION
+                   ) -> bytes:
+    """Encode committed `entries` (non-empty, consecutive indexes) for the archive (`version`
+    other than the current one only to write test fixtures)."""
     if not entries:
         raise ValueError("a segment holds at least one entry")
     first, last = entries[0].index, entries[-1].index
@@ -53,9 +59,10 @@ def encode_segment(cluster_id: str, entries: Sequence[Entry]) -> bytes:
     ):
         raise ValueError(f"segment entries must be consecutive indexes from {first}")
     cid = cluster_id.encode()
-    head = _FIXED.pack(MAGIC, VERSION, 0, first, last, len(cid)) + cid
+    record_version = min(RECORD_VERSIONS[version])
+    head = _FIXED.pack(MAGIC, version, 0, first, last, len(cid)) + cid
     parts = [head, _CRC.pack(zlib.crc32(head))]
-    parts.extend(encode_record(entry) for entry in entries)
+    parts.extend(encode_record(entry, record_version) for entry in entries)
     return b"".join(parts)
 
 
@@ -76,10 +83,11 @@ def read_segment_header(data: bytes, *, name: str = "segment") -> SegmentHeader:
     (crc,) = _CRC.unpack_from(data, end)
     if zlib.crc32(data[:end]) != crc:
         raise corrupt("header checksum mismatch")
-    if version != VERSION:
+    if version not in RECORD_VERSIONS:
         raise ArchiveCorrupt(
             f"{name} is archived segment format version {version}, but this build reads "
-            f"version {VERSION}: restore with the Flotilla version that wrote it",
+            f"versions {', '.join(map(str, sorted(RECORD_VERSIONS)))}: restore with the "
+            "Flotilla version that wrote it",
             key=name,
         )
     if not 1 <= first <= last:
@@ -104,7 +112,7 @@ def decode_segment(
             "copied into the wrong place in the archive",
             key=name,
         )
-    scan = scan_records(data, header.size, header.first, 0)
+    scan = scan_records(data, header.size, header.first, 0, RECORD_VERSIONS[header.version])
     if scan.error is not None:
         raise ArchiveCorrupt(
             f"{name} is damaged at byte offset {scan.end} (after {len(scan.entries)} good "

@@ -3,7 +3,10 @@
 Inputs are method calls (`tick`, `step`, `propose`, `change_membership`, `read_index`,
 `transfer_leadership`, `compact`, `report_snapshot`); outputs accumulate until the caller takes
 them as one `Ready` batch, carries it out in the order `Ready` documents, and calls `advance`.
-Time is the number of `tick()` calls; randomness is the `random.Random` in `Settings`.
+Time is the number of `tick()` calls; randomness is the `random.Random` in `Settings`. The one
+wall-clock reading the core needs, the time a leader stamps on each entry it appends, comes
+from the `wall_clock_ms` callable in `Settings` too (the runtime passes the real clock, the
+simulator one per member that it drives and skews).
 
 What it implements, with the section of Ongaro's dissertation (or the Raft paper) it follows:
 elections with randomized timeouts (3.4), PreVote and CheckQuorum (9.6), log replication with
@@ -15,6 +18,7 @@ fast conflict backtracking (3.5), the commitment rule (3.6.2), learners (4.2.1),
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,12 +79,20 @@ UNDECIDED = "undecided"
 FENCED = "fenced"
 
 
+def no_wall_clock() -> int:
+    """The default clock: every entry is stamped with the previous entry's time (0 = unknown)."""
+    return 0
+
+
 @dataclass(frozen=True)
 class Settings:
     """Tunables of one member. Ticks are the caller's unit of time (the node uses one tick per
-    `--heartbeat-ms`)."""
+    `--heartbeat-ms`). `wall_clock_ms` returns the wall-clock time in milliseconds since the
+    Unix epoch; a leader reads it once per append and stamps `max(it, the last entry's time)`,
+    so a clock that is behind, or steps back, never makes the log's times decrease."""
 
     rng: random.Random = field(default_factory=lambda: random.Random(0))
+    wall_clock_ms: Callable[[], int] = no_wall_clock
     election_ticks: int = 10  # election timeout; each member picks [n, 2n) at random
     heartbeat_ticks: int = 1
     max_inflight: int = 256  # unacknowledged appends per follower (flow control)
@@ -156,8 +168,9 @@ class RaftCore:
         """Append a client command; returns its log index. It is committed once it shows up in
         `committed_entries` (at that index, with this term)."""
         self._check_can_propose()
-        index = self.log.last_index() + 1
-        self.log.append([Entry(index, self.term, EntryKind.NORMAL, data)])
+        log = self.log
+        index = log.last_index() + 1
+        log.append([Entry(index, self.term, EntryKind.NORMAL, data, self._stamp())])
         self._broadcast_wanted = True
         return index
 
@@ -167,7 +180,8 @@ class RaftCore:
         first = self.log.last_index() + 1
         term = self.term
         normal = EntryKind.NORMAL
-        self.log.append([Entry(first + i, term, normal, d) for i, d in enumerate(commands)])
+        ts = self._stamp()
+        self.log.append([Entry(first + i, term, normal, d, ts) for i, d in enumerate(commands)])
         self._broadcast_wanted = True
         return first
 
@@ -242,7 +256,8 @@ class RaftCore:
         term = self.log.term(index)
         if term is None:
             raise ValueError(f"cannot snapshot at {index}: that entry is not in the log")
-        meta = SnapshotMeta(index=index, term=term, membership=self.log.membership_at(index))
+        meta = SnapshotMeta(index=index, term=term, membership=self.log.membership_at(index),
+                            ts_ms=self.log.ts(index))
         self.log.compact(meta, keep_from=index - keep_entries + 1)
         return meta
 
@@ -614,7 +629,7 @@ class RaftCore:
         # The no-op lets this leader commit entries of earlier terms (which it may not count)
         # and tells it which commit index is safe for reads.
         index = self.log.last_index() + 1
-        self.log.append([Entry(index, self.term, EntryKind.NOOP)])
+        self.log.append([Entry(index, self.term, EntryKind.NOOP, b"", self._stamp())])
         self._broadcast_wanted = True
 
     def _reset_progress(self) -> None:
@@ -730,9 +745,17 @@ class RaftCore:
         if self.transfer_target is not None:
             raise TransferInProgress(self.transfer_target)
 
+    def _stamp(self) -> int:
+        """The time of an entry this leader appends now: its clock, but never before the
+        entry ahead of it (a previous leader's clock may have been ahead of ours)."""
+        now = self.settings.wall_clock_ms()
+        last = self.log.last_ts()
+        return now if now > last else last
+
     def _append_membership(self, target: Membership) -> int:
         index = self.log.last_index() + 1
-        self.log.append([Entry(index, self.term, EntryKind.MEMBERSHIP, target.encode())])
+        self.log.append([Entry(index, self.term, EntryKind.MEMBERSHIP, target.encode(),
+                               self._stamp())])
         self._reset_progress()
         self._broadcast_wanted = True
         return index

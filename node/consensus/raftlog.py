@@ -4,6 +4,7 @@ Invariants (checked by `check_invariants`, which the simulator calls after every
     offset <= snapshot.index <= applied <= committed <= last_index
     stable <= last_index            (entries up to `stable` are known to be durable)
     entries[i].index == offset + 1 + i
+    offset_ts <= entries[0].ts_ms <= entries[1].ts_ms <= ...   (times never decrease)
 A leader's own acknowledgement counts only up to `stable`, so nothing is committed on the
 strength of a write that has not reached the leader's disk.
 
@@ -31,6 +32,7 @@ class RaftLog:
         "membership_history",
         "offset",
         "offset_term",
+        "offset_ts",
         "pending_snapshot",
         "snapshot",
         "stable",
@@ -41,6 +43,7 @@ class RaftLog:
         self.snapshot = snapshot
         self.offset = snapshot.index
         self.offset_term = snapshot.term
+        self.offset_ts = snapshot.ts_ms
         self.entries: list[Entry] = []
         self.committed = snapshot.index
         self.applied = snapshot.index  # acknowledged applied (advance)
@@ -68,6 +71,19 @@ class RaftLog:
 
     def last_term(self) -> int:
         return self.entries[-1].term if self.entries else self.offset_term
+
+    def last_ts(self) -> int:
+        """The time of the last entry (what the next one is stamped no earlier than)."""
+        return self.entries[-1].ts_ms if self.entries else self.offset_ts
+
+    def ts(self, index: int) -> int | None:
+        """The time of the entry at `index`, or None if it is compacted away or not there."""
+        if index == self.offset:
+            return self.offset_ts
+        pos = index - self.offset - 1
+        if pos < 0 or pos >= len(self.entries):
+            return None
+        return self.entries[pos].ts_ms
 
     def term(self, index: int) -> int | None:
         """The term of the entry at `index`, or None if it is compacted away or not there."""
@@ -178,6 +194,7 @@ class RaftLog:
         self.entries = []
         self.offset = meta.index
         self.offset_term = meta.term
+        self.offset_ts = meta.ts_ms
         self.snapshot = meta
         self.committed = meta.index
         self.applied = meta.index  # the caller installs the snapshot before applying anything
@@ -197,11 +214,11 @@ class RaftLog:
         new_offset = min(keep_from - 1, snapshot.index)
         if new_offset <= self.offset:
             return
-        new_offset_term = self.term(new_offset)
-        assert new_offset_term is not None
+        base = self.entries[new_offset - self.offset - 1]
         del self.entries[: new_offset - self.offset]
         self.offset = new_offset
-        self.offset_term = new_offset_term
+        self.offset_term = base.term
+        self.offset_ts = base.ts_ms
         history = self.membership_history
         while len(history) > 1 and history[1][0] <= new_offset:
             history.pop(0)
@@ -232,9 +249,14 @@ class RaftLog:
             raise LogError(f"committed {self.committed} > last index {self.last_index()}")
         if self.stable > self.last_index():
             raise LogError(f"stable {self.stable} > last index {self.last_index()}")
+        ts = self.offset_ts
         for pos, entry in enumerate(self.entries):
             if entry.index != self.offset + 1 + pos:
                 raise LogError(f"entry at position {pos} has index {entry.index}")
+            if entry.ts_ms < ts:
+                raise LogError(f"entry {entry.index} is stamped {entry.ts_ms} ms, before the "
+                               f"entry ahead of it ({ts} ms)")
+            ts = entry.ts_ms
 
     # --- internals -----------------------------------------------------------------------
 

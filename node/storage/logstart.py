@@ -26,7 +26,10 @@ from .checkedfile import read_checked, write_checked
 from .errors import CorruptDataError
 
 MAGIC = b"FLOTLST\x00"
-VERSION = 1
+# Version 2 adds the snapshot's time (`SnapshotMeta.ts_ms`) to the payload; version 1 files,
+# written by the first release, are read with time 0 (unknown).
+VERSION = 2
+READS = (1, 2)
 
 
 NO_SNAPSHOT = SnapshotMeta(index=0, term=0, membership=EMPTY_MEMBERSHIP)
@@ -52,13 +55,18 @@ class LogStartFile:
         return self.path.exists()
 
     def load(self) -> LogStart:
-        payload = read_checked(self.path, MAGIC, VERSION)
+        payload = read_checked(self.path, MAGIC, READS)
         if payload is None:
             return LogStart()
         try:
-            generation, index, term, membership, base_index, base_term = msgpack.unpackb(payload)
+            fields = msgpack.unpackb(payload)
+            if len(fields) == 6:
+                fields.append(0)
+            generation, index, term, membership, base_index, base_term, ts_ms = fields
             membership = Membership.decode(membership)
-            snapshot = SnapshotMeta(index=index, term=term, membership=membership)
+            if not isinstance(ts_ms, int):
+                raise TypeError(f"snapshot time {ts_ms!r} is not an integer")
+            snapshot = SnapshotMeta(index=index, term=term, membership=membership, ts_ms=ts_ms)
         except (ValueError, TypeError, KeyError, AttributeError, msgpack.UnpackException) as exc:
             raise CorruptDataError(self.path, 0, f"payload does not decode: {exc}") from exc
         return LogStart(generation, snapshot, base_index, base_term)
@@ -73,6 +81,7 @@ class LogStartFile:
                 snapshot.membership.encode(),
                 start.base_index,
                 start.base_term,
+                snapshot.ts_ms,
             ]
         )
         write_checked(self.path, MAGIC, VERSION, payload, fsync=self._fsync)

@@ -7,9 +7,19 @@ A segment file is named by the index of its first record (`0000000000000001.seg`
                      CRC32 of everything before it (u32)
     record*          payload length u32 | CRC32 of payload u32 | payload
 
-(all integers little-endian). A payload is the msgpack array [index, term, kind, data]. The
-cluster id in every segment means a volume mounted into the wrong cluster is refused instead of
-merged; the generation is explained in logstart.py.
+(all integers little-endian). A payload is a msgpack array, whose length is the record's
+version:
+
+    version 2   [index, term, kind, data, ts_ms]   (ts_ms: the leader's stamp, see Entry)
+    version 1   [index, term, kind, data]          (the first release; read with ts_ms 0)
+
+Segment header version 2 (what this build creates) holds version 2 records only. A version 1
+segment, written by the first release, holds version 1 records, and version 2 ones after them
+when it was still the newest segment when the member was upgraded; so a first-release data dir
+is used as it is, and a first-release build refuses the segments this one creates by their
+header version (rather than by a record it cannot decode). The cluster id in every segment means
+a volume mounted into the wrong cluster is refused instead of merged; the generation is
+explained in logstart.py.
 
 A record's checksum covers only its payload; a damaged length is still caught, because it
 makes the checksum read the wrong bytes (or run off the end). A zero length is invalid, so a
@@ -22,7 +32,7 @@ import re
 import struct
 import zlib
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,13 +42,18 @@ from flotilla.node.consensus.types import Entry, EntryKind
 from .errors import CorruptDataError
 
 MAGIC = b"FLOTWAL\x00"
-VERSION = 1
+VERSION = 2
 SUFFIX = ".seg"
+RECORD_V1 = 1  # [index, term, kind, data]
+RECORD_V2 = 2  # [index, term, kind, data, ts_ms]
+# The record versions each segment header version may hold (see the module docstring).
+RECORD_VERSIONS = {1: frozenset({RECORD_V1, RECORD_V2}), 2: frozenset({RECORD_V2})}
 
 _FIXED = struct.Struct("<8sHHQQH")
 _CRC = struct.Struct("<I")
 RECORD_HEADER = struct.Struct("<II")
-_ARRAY4 = 0x94  # msgpack fixarray of 4: the first byte of every record payload
+# The first byte of every record payload: a msgpack fixarray of 4 (version 1) or 5 (version 2).
+_MARKERS = {RECORD_V1: 0x94, RECORD_V2: 0x95}
 _NAME = re.compile(r"^(\d{16})\.seg$")
 _KINDS = {int(kind): kind for kind in EntryKind}
 
@@ -59,11 +74,18 @@ class SegmentHeader:
     first_index: int
     cluster_id: str
     size: int  # bytes; records start here
+    version: int = VERSION
+
+    @property
+    def record_versions(self) -> frozenset[int]:
+        return RECORD_VERSIONS[self.version]
 
 
-def encode_header(cluster_id: str, generation: int, first_index: int) -> bytes:
+def encode_header(cluster_id: str, generation: int, first_index: int,
+                  version: int = VERSION) -> bytes:
+    """A segment header (`version` other than the current one only to write test fixtures)."""
     cid = cluster_id.encode()
-    head = _FIXED.pack(MAGIC, VERSION, 0, generation, first_index, len(cid)) + cid
+    head = _FIXED.pack(MAGIC, version, 0, generation, first_index, len(cid)) + cid
     return head + _CRC.pack(zlib.crc32(head))
 
 
@@ -80,33 +102,48 @@ def decode_header(raw: bytes, path: Path) -> SegmentHeader:
     (crc,) = _CRC.unpack_from(raw, end)
     if zlib.crc32(raw[:end]) != crc:
         raise CorruptDataError(path, 0, "segment header checksum mismatch")
-    if version != VERSION:
+    if version not in RECORD_VERSIONS:
         raise CorruptDataError(
             path,
             8,
-            f"segment format version {version} is not supported (this build reads {VERSION})",
+            f"segment format version {version} is not supported (this build reads versions "
+            f"{', '.join(map(str, sorted(RECORD_VERSIONS)))})",
             advice="run the Flotilla version that wrote this data dir, or restore from peers",
         )
     try:
         cluster_id = raw[_FIXED.size : end].decode()
     except UnicodeDecodeError as exc:
         raise CorruptDataError(path, _FIXED.size, "cluster id is not UTF-8") from exc
-    return SegmentHeader(generation, first_index, cluster_id, end + _CRC.size)
+    return SegmentHeader(generation, first_index, cluster_id, end + _CRC.size, version)
 
 
-def encode_record(entry: Entry) -> bytes:
-    payload = msgpack.packb([entry.index, entry.term, int(entry.kind), entry.data])
+def _fields(entry: Entry, version: int) -> list:
+    fields = [entry.index, entry.term, int(entry.kind), entry.data]
+    if version == RECORD_V2:
+        fields.append(entry.ts_ms)
+    return fields
+
+
+def encode_record(entry: Entry, version: int = RECORD_V2) -> bytes:
+    """One record (`version` 1 only to write test fixtures: it drops `ts_ms`)."""
+    payload = msgpack.packb(_fields(entry, version))
     return RECORD_HEADER.pack(len(payload), zlib.crc32(payload)) + payload
 
 
-def record_encoder() -> Callable[[Entry], bytes]:
+def record_encoder(version: int = RECORD_V2) -> Callable[[Entry], bytes]:
     """A fast encoder for the append path (reuses one msgpack Packer)."""
     pack = msgpack.Packer().pack
     pack_header = RECORD_HEADER.pack
     crc32 = zlib.crc32
+    if version != RECORD_V2:
+        def encode_old(entry: Entry) -> bytes:
+            payload = pack(_fields(entry, version))
+            return pack_header(len(payload), crc32(payload)) + payload
+
+        return encode_old
 
     def encode(entry: Entry) -> bytes:
-        payload = pack([entry.index, entry.term, int(entry.kind), entry.data])
+        payload = pack([entry.index, entry.term, int(entry.kind), entry.data, entry.ts_ms])
         return pack_header(len(payload), crc32(payload)) + payload
 
     return encode
@@ -123,8 +160,10 @@ class ScanResult:
     torn: bool = False  # the error is of a kind a torn write can produce
 
 
-def scan_records(buf: bytes, start: int, first_index: int, keep_after: int) -> ScanResult:
-    """Read records from `buf[start:]`, which must begin with index `first_index`.
+def scan_records(buf: bytes, start: int, first_index: int, keep_after: int,
+                 versions: frozenset[int] = RECORD_VERSIONS[VERSION]) -> ScanResult:
+    """Read records from `buf[start:]`, which must begin with index `first_index` and hold
+    records of the given `versions` only.
 
     Stops at the first byte range that is not a whole, valid record and says why. A short
     header, a length running past the end, a zero length or a checksum mismatch are what a torn
@@ -138,6 +177,8 @@ def scan_records(buf: bytes, start: int, first_index: int, keep_after: int) -> S
     crc32 = zlib.crc32
     unpackb = msgpack.unpackb
     kinds = _KINDS
+    v1 = RECORD_V1 in versions
+    v2 = RECORD_V2 in versions
     view = memoryview(buf)
     size = len(buf)
     pos = start
@@ -160,8 +201,17 @@ def scan_records(buf: bytes, start: int, first_index: int, keep_after: int) -> S
             result.error, result.torn = "record checksum mismatch", True
             break
         try:
-            index, term, kind, data = unpackb(payload)
-            if not (isinstance(term, int) and isinstance(kind, int) and isinstance(data, bytes)):
+            record = unpackb(payload)
+            fields = len(record)
+            if fields == 5 and v2:
+                index, term, kind, data, ts = record
+            elif fields == 4 and v1:
+                index, term, kind, data = record
+                ts = 0
+            else:
+                raise ValueError(f"{fields} fields is not a record version this segment holds")
+            if not (isinstance(term, int) and isinstance(kind, int) and isinstance(data, bytes)
+                    and isinstance(ts, int)):
                 raise TypeError("wrong field types")
         except (ValueError, TypeError, msgpack.UnpackException) as exc:
             result.error = f"record has a valid checksum but is not a log entry ({exc})"
@@ -171,14 +221,15 @@ def scan_records(buf: bytes, start: int, first_index: int, keep_after: int) -> S
             break
         offsets.append(pos)
         if index > keep_after:
-            kept.append(Entry(index, term, kinds.get(kind, kind), data))
+            kept.append(Entry(index, term, kinds.get(kind, kind), data, ts))
         expected += 1
         pos = body + length
         result.end = pos
     return result
 
 
-def valid_record_after(buf: bytes, offset: int, expected_index: int) -> int | None:
+def valid_record_after(buf: bytes, offset: int, expected_index: int,
+                       versions: frozenset[int] = RECORD_VERSIONS[VERSION]) -> int | None:
     """The offset of an intact record after `offset` that could follow in this log, or None.
 
     Used to tell a torn tail (nothing valid follows the damage at `offset`, where index
@@ -186,13 +237,12 @@ def valid_record_after(buf: bytes, offset: int, expected_index: int) -> int | No
     (intact records follow it). A candidate must have a valid checksum, decode as an entry,
     and hold an index that fits in the bytes between: so entry data that happens to contain
     a record-shaped byte string is not mistaken for the log going on. Every payload starts with
-    the same msgpack byte, which narrows the search to a few candidates per record.
+    the msgpack byte of its version, which narrows the search to a few candidates per record.
     """
     unpack_header = RECORD_HEADER.unpack_from
-    marker_byte = bytes([_ARRAY4])
     size = len(buf)
-    marker = buf.find(marker_byte, offset + 1 + RECORD_HEADER.size)
-    while marker != -1:
+    for marker in _positions(buf, offset + 1 + RECORD_HEADER.size,
+                             [bytes([_MARKERS[v]]) for v in sorted(versions)]):
         pos = marker - RECORD_HEADER.size
         length, crc = unpack_header(buf, pos)
         if 0 < length <= size - marker and zlib.crc32(buf[marker : marker + length]) == crc:
@@ -205,5 +255,18 @@ def valid_record_after(buf: bytes, offset: int, expected_index: int) -> int | No
                 expected_index <= index <= expected_index + (pos - offset) // smallest_record
             ):
                 return pos
-        marker = buf.find(marker_byte, marker + 1)
     return None
+
+
+def _positions(buf: bytes, start: int, needles: list[bytes]) -> Iterator[int]:
+    """Every offset at or after `start` where one of the one-byte `needles` occurs, in order."""
+    found = {needle: buf.find(needle, start) for needle in needles}
+    while True:
+        live = [at for at in found.values() if at != -1]
+        if not live:
+            return
+        at = min(live)
+        yield at
+        for needle, position in found.items():
+            if position == at:
+                found[needle] = buf.find(needle, at + 1)

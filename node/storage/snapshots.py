@@ -11,13 +11,17 @@ rename and the clean-up, the two newest snapshots).
 File layout (integers little-endian):
 
     header   magic "FLOTSNAP" | version u16 | kind length u16 | kind (UTF-8) |
-             last index u64 | last term u64 | membership length u32 |
+             last index u64 | last term u64 | last time u64 | membership length u32 |
              membership (`Membership.encode()`) | payload length u64
     payload  whatever the state machine wrote
     trailer  CRC32 of header u32 | CRC32 of payload u32 | "FLOTSEND"
 
 The header's CRC lives in the trailer because the payload length is only known at the end
 (it is patched into the header then); two CRCs cover header and payload without re-reading.
+
+"last time" (`SnapshotMeta.ts_ms`, the time of the entry at the last index) came with version
+2. Version 1 files, written by the first release, have no such field and are read with time 0
+(unknown); this build writes version 2.
 """
 
 from __future__ import annotations
@@ -44,12 +48,12 @@ log = logging.getLogger(__name__)
 
 MAGIC = b"FLOTSNAP"
 END_MAGIC = b"FLOTSEND"
-VERSION = 1
+VERSION = 2
 SUFFIX = ".snap"
 CHUNK = 1 << 20
 
 _FIXED = struct.Struct("<8sHH")
-_POSITION = struct.Struct("<QQI")
+_POSITION = {1: struct.Struct("<QQI"), 2: struct.Struct("<QQQI")}  # by format version
 _LENGTH = struct.Struct("<Q")
 _TRAILER = struct.Struct("<II8s")
 _NAME = re.compile(r"^snap-(\d{16})-(\d{16})\.snap$")
@@ -71,7 +75,7 @@ def encode_header(meta: SnapshotMeta, kind: str, payload_length: int) -> bytes:
     return (
         _FIXED.pack(MAGIC, VERSION, len(kind_raw))
         + kind_raw
-        + _POSITION.pack(meta.index, meta.term, len(membership))
+        + _POSITION[VERSION].pack(meta.index, meta.term, meta.ts_ms, len(membership))
         + membership
         + _LENGTH.pack(payload_length)
     )
@@ -98,16 +102,22 @@ def _read_header(file: BinaryIO, path: Path, file_size: int) -> _Header:
     magic, version, kind_length = _FIXED.unpack(fixed)
     if magic != MAGIC:
         raise CorruptDataError(path, 0, f"not a Flotilla snapshot (magic {magic!r})")
-    if version != VERSION:
+    layout = _POSITION.get(version)
+    if layout is None:
         raise CorruptDataError(
             path,
             8,
-            f"snapshot format version {version} is not supported (this build reads {VERSION})",
+            f"snapshot format version {version} is not supported (this build reads versions "
+            f"{', '.join(map(str, sorted(_POSITION)))})",
             advice="run the Flotilla version that wrote it, or restore from peers",
         )
     kind_raw = read(kind_length, "kind")
-    position = read(_POSITION.size, "header")
-    index, term, membership_length = _POSITION.unpack(position)
+    position = read(layout.size, "header")
+    if version == 1:
+        index, term, membership_length = layout.unpack(position)
+        ts_ms = 0
+    else:
+        index, term, ts_ms, membership_length = layout.unpack(position)
     membership_raw = read(membership_length, "membership")
     length_raw = read(_LENGTH.size, "header")
     (payload_length,) = _LENGTH.unpack(length_raw)
@@ -132,7 +142,7 @@ def _read_header(file: BinaryIO, path: Path, file_size: int) -> _Header:
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CorruptDataError(path, 0, f"header fields do not decode ({exc})") from exc
     file.seek(len(raw))
-    meta = SnapshotMeta(index=index, term=term, membership=membership)
+    meta = SnapshotMeta(index=index, term=term, membership=membership, ts_ms=ts_ms)
     return _Header(raw, meta, kind, payload_length, payload_crc)
 
 

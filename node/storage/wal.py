@@ -507,17 +507,19 @@ class DiskStorage(EntryLogReads):
                     f"{segments[-1].last_index}, this one starts at index {header.first_index}",
                 )
             buffer = path.read_bytes()
-            found = scan_records(buffer, header.size, header.first_index, base_index)
+            versions = header.record_versions
+            found = scan_records(buffer, header.size, header.first_index, base_index, versions)
             if found.error is not None:
                 expected = header.first_index + len(found.offsets)
-                self._check_torn_tail(path, buffer, found, expected, newest)
+                self._check_torn_tail(path, buffer, found, expected, newest, versions)
             segments.append(Segment(path, header.first_index, found.offsets, found.end))
             entries.extend(found.entries)
         self._log = EntryLog(base_index, self._start.base_term, entries)
         return segments
 
     def _check_torn_tail(
-        self, path: Path, buffer: bytes, found: ScanResult, expected_index: int, newest: bool
+        self, path: Path, buffer: bytes, found: ScanResult, expected_index: int, newest: bool,
+        versions: frozenset[int],
     ) -> None:
         """Cut a torn tail off the newest segment, or raise: see the module docstring."""
         offset, error = found.end, found.error
@@ -525,7 +527,7 @@ class DiskStorage(EntryLogReads):
             raise CorruptDataError(path, offset, f"{error} in a sealed segment")
         if not found.torn:
             raise CorruptDataError(path, offset, error)
-        later = valid_record_after(buffer, offset, expected_index)
+        later = valid_record_after(buffer, offset, expected_index, versions)
         if later is not None:
             raise CorruptDataError(
                 path,

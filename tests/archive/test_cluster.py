@@ -3,6 +3,8 @@ retention keeps, and how a restore finds an intact way back to an index."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import threading
 from dataclasses import replace
@@ -19,21 +21,29 @@ from flotilla.node.archive import (
     resolve_cluster_id,
 )
 from flotilla.node.archive.layout import manifest_key, segment_key, snapshot_key
+from flotilla.node.archive.segments import encode_segment
 from flotilla.node.consensus.types import Entry, EntryKind, Membership, SnapshotMeta
 from flotilla.node.storage import SnapshotStore
 
 from tests.archive.stores import known_defect
 
 MEMBERS = Membership(voters=frozenset({"a", "b", "c"}))
+EPOCH_MS = 1_800_000_000_000
+
+
+def ts(index: int) -> int:
+    """The time of entry `index` in these tests' log."""
+    return EPOCH_MS + 10 * index
 
 
 def entries(first: int, last: int) -> list[Entry]:
-    return [Entry(i, 2, EntryKind.NORMAL, f"put k{i}".encode()) for i in range(first, last + 1)]
+    return [Entry(i, 2, EntryKind.NORMAL, f"put k{i}".encode(), ts(i))
+            for i in range(first, last + 1)]
 
 
 def make_snapshot(tmp_path: Path, index: int, term: int = 2) -> tuple[Path, SnapshotMeta]:
     """A real snapshot file, as a member's SnapshotStore writes it."""
-    meta = SnapshotMeta(index, term, MEMBERS)
+    meta = SnapshotMeta(index, term, MEMBERS, ts(index))
     store = SnapshotStore(tmp_path / "snaps" / str(index), fsync=False)
     with store.begin(meta, "kv") as writer:
         writer.write(f"state at {index}".encode() * 50)
@@ -89,6 +99,43 @@ def test_a_published_manifest_lists_every_upload_and_how_far_it_reaches(cluster,
     assert manifest.last_archived_index == 40
     assert cluster.cached_manifest == manifest
     assert cluster.publish() == manifest  # nothing pending: nothing written
+
+
+def test_the_manifest_records_the_time_range_of_each_segment_and_each_snapshots_time(
+        cluster, tmp_path):
+    ship_history(cluster, tmp_path)
+    manifest = cluster.manifest()
+    assert [(s.first_ts_ms, s.last_ts_ms) for s in manifest.segments] == [
+        (ts(s.first), ts(s.last)) for s in manifest.segments]
+    assert [s.ts_ms for s in manifest.snapshots] == [ts(10), ts(20), ts(30)]
+
+
+def test_unknown_times_are_left_out_of_the_manifest(cluster, tmp_path):
+    """Entries written before entries carried a time read back with time 0 (unknown)."""
+    untimed = [replace(e, ts_ms=0) for e in entries(1, 5)]
+    record = cluster.upload_segment([*untimed[:3], *entries(4, 5)])
+    assert (record.first_ts_ms, record.last_ts_ms) == (None, ts(5))
+    store = SnapshotStore(tmp_path / "untimed", fsync=False)
+    path = store.save(SnapshotMeta(3, 2, MEMBERS), "kv", lambda writer: writer.write(b"s"))
+    assert cluster.upload_snapshot(path, SnapshotMeta(3, 2, MEMBERS)).ts_ms is None
+    published = json.loads(cluster.publish().to_json())
+    assert "ts_ms" not in published["snapshots"][0]
+    assert "first_ts_ms" not in published["segments"][0]
+
+
+def test_a_segment_a_first_release_leader_uploaded_but_never_published_is_taken_as_it_is(
+        cluster):
+    """That leader wrote the same entries without times, then crashed (or lost office) before
+    its manifest: the same range from this build is not a conflict, and the archive keeps the
+    object that is there, with unknown times."""
+    old = encode_segment("c1", [replace(e, ts_ms=0) for e in entries(1, 10)], version=1)
+    cluster.archive.put_bytes(f"c1/{segment_key(1, 10)}", old)
+    record = cluster.upload_segment(entries(1, 10))
+    assert (record.first_ts_ms, record.last_ts_ms) == (None, None)
+    assert record.sha256 == hashlib.sha256(old).hexdigest() and record.size == len(old)
+    manifest = cluster.publish()
+    assert manifest.segments == (record,)
+    assert [e.ts_ms for e in cluster.read_segment(record)] == [0] * 10
 
 
 def test_plans_start_from_the_newest_snapshot_at_or_below_the_index(cluster, tmp_path):
@@ -261,7 +308,7 @@ def test_restore_falls_back_to_an_older_snapshot_when_an_object_is_corrupt(
     with caplog.at_level(logging.WARNING):
         prepared = cluster.prepare_restore(tmp_path / "work", index=25)
     assert prepared.plan.snapshot.index == 10
-    assert prepared.snapshot_meta == SnapshotMeta(10, 2, MEMBERS)
+    assert prepared.snapshot_meta == SnapshotMeta(10, 2, MEMBERS, ts(10))
     assert prepared.snapshot_path.name == "snap-0000000000000010-0000000000000002.snap"
     assert list(prepared.entries()) == entries(11, 25)
     assert "restoring from an older snapshot instead" in caplog.text

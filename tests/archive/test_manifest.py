@@ -5,6 +5,7 @@ The chain search is checked against a dumb breadth-first version on random archi
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from flotilla.node.archive import ArchiveCorrupt, Manifest, SegmentRecord, SnapshotRecord
@@ -71,6 +72,30 @@ def test_json_round_trips_and_is_readable():
     assert Manifest.from_json(m.to_json()) == m
 
 
+def test_times_round_trip_and_are_left_out_where_unknown():
+    timed = [replace(snap(10), ts_ms=1_800_000_000_100),
+             replace(seg(11, 20), first_ts_ms=1_800_000_000_110, last_ts_ms=1_800_000_000_200),
+             replace(seg(21, 30), last_ts_ms=1_800_000_000_300)]  # first entry's time unknown
+    m = manifest(timed[:1], timed[1:])
+    document = json.loads(m.to_json())
+    assert document["snapshots"][0]["ts_ms"] == 1_800_000_000_100
+    assert (document["segments"][0]["first_ts_ms"], document["segments"][0]["last_ts_ms"]) == (
+        1_800_000_000_110, 1_800_000_000_200)
+    assert "first_ts_ms" not in document["segments"][1]
+    assert Manifest.from_json(m.to_json()) == m
+    untimed = json.loads(manifest([snap(10)], [seg(11, 20)]).to_json())
+    assert "ts_ms" not in untimed["snapshots"][0] and "last_ts_ms" not in untimed["segments"][0]
+
+
+def test_a_manifest_of_the_first_release_reads_with_unknown_times():
+    """That release wrote no time fields; this one reads its manifests unchanged."""
+    document = json.loads(manifest([snap(10)], [seg(11, 20)]).to_json())
+    assert document["version"] == 1
+    m = Manifest.from_json(json.dumps(document).encode())
+    assert m.snapshots[0].ts_ms is None
+    assert (m.segments[0].first_ts_ms, m.segments[0].last_ts_ms) == (None, None)
+
+
 @pytest.mark.parametrize(
     "damage",
     [
@@ -80,8 +105,12 @@ def test_json_round_trips_and_is_readable():
         lambda d: d["snapshots"].reverse(),
         lambda d: d["segments"][0].update(first=99),
         lambda d: d["snapshots"][0].update(index="10"),
+        lambda d: d["snapshots"][0].update(ts_ms=-5),
+        lambda d: d["segments"][0].update(first_ts_ms="yesterday"),
+        lambda d: d["segments"][0].update(first_ts_ms=20, last_ts_ms=10),
     ],
-    ids=["missing-field", "format", "negative", "unsorted", "inverted", "wrong-type"],
+    ids=["missing-field", "format", "negative", "unsorted", "inverted", "wrong-type",
+         "negative-time", "time-not-a-number", "time-runs-backwards"],
 )
 def test_invalid_manifests_are_corrupt(damage):
     document = json.loads(manifest([snap(10), snap(20)], [seg(11, 20)]).to_json())

@@ -267,18 +267,43 @@ def test_raw_bytes_on_the_peer_port_are_refused(cluster, unharmed, junk):
 
 def test_the_decoder_round_trips_what_the_transport_sends():
     m = Message(MessageType.APPEND, to="b", frm="a", term=3, log_term=2, index=4,
-                entries=[Entry(5, 2, 0, b"x"), Entry(6, 3, 2, b"")], commit=5, context=7)
+                entries=[Entry(5, 2, 0, b"x", 1_800_000_000_000), Entry(6, 3, 2, b"", 2**62)],
+                commit=5, context=7)
     batch = decode_batch(encode_batch("c", "a", "http://a:1", "http://a:2", [m]))
     assert (batch.cluster_id, batch.sender) == ("c", "a")
     got = batch.messages[0]
     assert (got.type, got.index, got.commit, got.context) == (MessageType.APPEND, 4, 5, 7)
-    assert [(e.index, e.term, e.kind, e.data) for e in got.entries] == [
-        (5, 2, 0, b"x"), (6, 3, 2, b"")]
+    assert list(got.entries) == list(m.entries)  # times included: followers keep the stamp
+
+
+def test_the_decoder_takes_entries_and_snapshots_of_the_first_release_with_time_zero():
+    """Members of the first release send no times; a cluster is upgraded one member at a
+    time, so what they send is still taken, as unknown time."""
+    membership = Membership(voters=frozenset({"a", "b"}))
+    body = msgpack.packb([VERSION, "c", "a", "", "", [
+        _raw_message(to="b", frm="a", term=3, log_term=2, index=4,
+                     entries=[[5, 2, 0, b"x"], [6, 3, 0, b"y"]]),
+        _raw_message(kind=int(MessageType.SNAPSHOT), to="b", frm="a", term=3,
+                     snap=[9, 2, membership.encode()])]], use_bin_type=True)
+    append, snapshot = decode_batch(body, snapshot=True).messages
+    assert list(append.entries) == [Entry(5, 2, 0, b"x", 0), Entry(6, 3, 0, b"y", 0)]
+    assert snapshot.snapshot.meta == SnapshotMeta(9, 2, membership, 0)
+
+
+@pytest.mark.parametrize("entry", [[5, 2, 0, b"x", -1], [5, 2, 0, b"x", 1.5],
+                                   [5, 2, 0, b"x", "now"], [5, 2, 0, b"x", 7, 8]],
+                         ids=["negative", "float", "text", "six-fields"])
+def test_the_decoder_refuses_an_entry_with_a_bad_time(entry):
+    body = msgpack.packb([VERSION, "c", "a", "", "", [
+        _raw_message(to="b", frm="a", term=3, log_term=2, index=4, entries=[entry])]],
+        use_bin_type=True)
+    with pytest.raises(WireError):
+        decode_batch(body)
 
 
 def test_the_decoder_takes_a_snapshot_message_only_on_the_snapshot_route():
     meta = SnapshotMeta(9, 2, Membership(voters=frozenset({"a", "b"}),
-                                         addresses=(("a", "http://a:1"),)))
+                                         addresses=(("a", "http://a:1"),)), 1_800_000_000_123)
     m = Message(MessageType.SNAPSHOT, to="b", frm="a", term=2, snapshot=Snapshot(meta))
     body = encode_batch("c", "a", "http://a:1", "http://a:2", [m])
     with pytest.raises(WireError, match="snapshot"):

@@ -38,6 +38,11 @@ from flotilla.node.consensus import (
 from .disk import Disk
 
 TICK = 10  # time units per tick; messages take a few units, so many can cross within a tick
+# Each member's wall clock reads EPOCH_MS + now + its skew (one time unit is a millisecond). The
+# skew is drawn again at every start, so a restarted member's clock may have stepped back, and
+# members disagree by up to 2 * MAX_SKEW_MS: many election timeouts.
+EPOCH_MS = 1_800_000_000_000
+MAX_SKEW_MS = 3_000
 
 
 class SafetyViolation(AssertionError):
@@ -91,6 +96,11 @@ class SimNode:
         self.persisting: Ready | None = None
         self.ready_scheduled = False
         self.pending_reads: dict[Any, tuple[int, int]] = {}  # ctx -> (read index, started)
+        self.clock_skew = 0
+
+    def wall_clock_ms(self) -> int:
+        """This member's clock, as the runtime injects it into the core."""
+        return EPOCH_MS + self.sim.now + self.clock_skew
 
     def start(self) -> None:
         self.incarnation += 1
@@ -98,6 +108,7 @@ class SimNode:
         d = self.disk
         recovered = d.recovered()
         rng = self.sim.rng
+        self.clock_skew = rng.randint(-MAX_SKEW_MS, MAX_SKEW_MS)
         per_message = rng.choice([1, 4, 16, 256])
         # One entry per message makes old-term commits observable; give it a wide window so a
         # long backlog still drains within the healing bound.
@@ -108,6 +119,7 @@ class SimNode:
             heartbeat_ticks=self.sim.heartbeat_ticks,
             max_inflight=window,
             max_entries_per_message=per_message,
+            wall_clock_ms=self.wall_clock_ms,
         )
         self.core = RaftCore(self.name, settings, recovered)
         self.sm = d.snapshot_data.copy()
@@ -267,6 +279,7 @@ class Simulation:
         if rd.snapshot is not None:
             data = rd.snapshot.data
             disk.install(rd.snapshot.meta, data.copy())
+            self.checker.on_snapshot(node, rd.snapshot.meta)
             node.sm = data.copy()
             self.stats["installs"] += 1
             self.log(f"{node.name} installed snapshot {rd.snapshot.meta.index}")
@@ -441,6 +454,7 @@ class Simulation:
         if not node.alive or node.persisting is not None or index <= core.log.snapshot.index:
             return
         meta = core.compact(index, keep)
+        self.checker.on_snapshot(node, meta)
         node.disk.install(meta, node.sm.copy())
         self.stats["snapshots"] += 1
         self.log(f"{node.name} snapshot at {index} (keep {keep})")
@@ -454,7 +468,11 @@ class SafetyChecker:
 
     - Election Safety: at most one leader per term.
     - Log Matching: an (index, term) pair names one entry, and the same previous term, in every
-      log; so logs that agree on an entry agree on everything before it.
+      log; so logs that agree on an entry agree on everything before it. The entry includes
+      its time: every member stores the leader's stamp as it is.
+    - Time: along every member's log, entries' times never decrease (RaftLog.check_invariants),
+      however skewed the leaders' clocks; a leader stamps its own clock unless that is behind
+      the entry before; and a snapshot carries the time of the entry at its index.
     - Leader Completeness: a new leader's log holds every entry committed so far.
     - State Machine Safety: no two members apply different entries at one index.
     - Durability of commitment: when a leader commits an index, that entry is on the disks of a
@@ -499,10 +517,31 @@ class SafetyChecker:
         for entry in rd.entries:
             prev = core.log.term(entry.index - 1)
             key = (entry.index, entry.term)
-            value = (entry.kind, entry.data, prev)
+            value = (entry.kind, entry.data, entry.ts_ms, prev)
             seen = self.entries.setdefault(key, value)
             if seen != value:
-                self.fail(f"log matching: {node.name} holds a different entry {key}")
+                self.fail(f"log matching: {node.name} holds a different entry {key} "
+                          f"({value[:3]} where another log holds {seen[:3]})")
+            if (seen is value and entry.term == core.term and core.role is Role.LEADER
+                    and not self._stamped_by(node, entry)):
+                self.fail(f"{node.name} stamped entry {key} {entry.ts_ms} ms: its clock reads "
+                          f"{node.wall_clock_ms()} and the entry before is at "
+                          f"{core.log.ts(entry.index - 1)}")
+
+    @staticmethod
+    def _stamped_by(node: SimNode, entry: Entry) -> bool:
+        """Whether `entry`, new in this leader's Ready, carries the time it should have: its
+        clock when it was appended (at or before now), unless the entry before is later."""
+        before = node.core.log.ts(entry.index - 1)
+        if before is None:  # compacted meanwhile (the stamp was checked against it then)
+            return True
+        return entry.ts_ms == before or before < entry.ts_ms <= node.wall_clock_ms()
+
+    def on_snapshot(self, node: SimNode, meta: SnapshotMeta) -> None:
+        entry = self.committed.get(meta.index)
+        if entry is not None and entry.ts_ms != meta.ts_ms:
+            self.fail(f"{node.name}'s snapshot at {meta.index} says {meta.ts_ms} ms, the "
+                      f"committed entry there is stamped {entry.ts_ms} ms")
 
     def _check_leader_complete(self, node: SimNode) -> None:
         log = node.core.log

@@ -17,10 +17,16 @@ def payload(index: int, salt: str = "") -> bytes:
     return (f"{salt}{index}|".encode() * (1 + index % 5))[: 3 + (index * 7) % 29]
 
 
-def entries(lo: int, hi: int, term: int, salt: str = "") -> list[Entry]:
-    """Entries lo..hi-1 of one term; every seventh is a NOOP so kinds round-trip too."""
+EPOCH_MS = 1_800_000_000_000
+
+
+def entries(lo: int, hi: int, term: int, salt: str = "", *, timed: bool = True) -> list[Entry]:
+    """Entries lo..hi-1 of one term; every seventh is a NOOP so kinds round-trip too. Their
+    times grow with the index, a few share one (`timed=False`: time 0, as the first release's
+    format reads back)."""
     return [
-        Entry(i, term, EntryKind.NOOP if i % 7 == 0 else EntryKind.NORMAL, payload(i, salt))
+        Entry(i, term, EntryKind.NOOP if i % 7 == 0 else EntryKind.NORMAL, payload(i, salt),
+              EPOCH_MS + (i // 3) * 1_000 + term if timed else 0)
         for i in range(lo, hi)
     ]
 

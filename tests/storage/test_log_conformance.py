@@ -243,20 +243,34 @@ def test_compact_keeps_trailing_entries_for_slow_followers(backend):
     assert reopened.recover().snapshot.index == 30
 
 
-def test_compact_records_the_configuration_in_force_at_its_index(backend):
+def test_compact_records_the_configuration_and_the_time_at_its_index(backend):
     log = backend.open()
-    log.append(entries(1, 5, term=1))
-    log.append([Entry(5, 1, EntryKind.MEMBERSHIP, CONFIG_AB.encode())])
-    log.append(entries(6, 15, term=1))
-    log.append([Entry(15, 2, EntryKind.MEMBERSHIP, CONFIG_ABC.encode())])
-    log.append(entries(16, 25, term=2))
+    written = [
+        *entries(1, 5, term=1),
+        Entry(5, 1, EntryKind.MEMBERSHIP, CONFIG_AB.encode(), entries(5, 6, term=1)[0].ts_ms),
+        *entries(6, 15, term=1),
+        Entry(15, 2, EntryKind.MEMBERSHIP, CONFIG_ABC.encode(), entries(15, 16, term=2)[0].ts_ms),
+        *entries(16, 25, term=2),
+    ]
+    ts = {e.index: e.ts_ms for e in written}
+    for lo, hi in [(0, 4), (4, 5), (5, 14), (14, 15), (15, 24)]:
+        log.append(written[lo:hi])
     log.compact(3)
     assert log.recover().snapshot.membership == EMPTY_MEMBERSHIP
+    assert log.recover().snapshot.ts_ms == ts[3]
     log.compact(10)
-    assert log.recover().snapshot == SnapshotMeta(10, 1, CONFIG_AB)
+    assert log.recover().snapshot == SnapshotMeta(10, 1, CONFIG_AB, ts[10])
     log.compact(20)
-    assert log.recover().snapshot == SnapshotMeta(20, 2, CONFIG_ABC)
-    assert backend.reopen(log).recover().snapshot == SnapshotMeta(20, 2, CONFIG_ABC)
+    assert log.recover().snapshot == SnapshotMeta(20, 2, CONFIG_ABC, ts[20])
+    assert backend.reopen(log).recover().snapshot == SnapshotMeta(20, 2, CONFIG_ABC, ts[20])
+
+
+def test_an_installed_snapshot_keeps_its_time_across_a_reopen(backend):
+    log = backend.open()
+    log.append(entries(1, 11, term=1))
+    meta = SnapshotMeta(30, 4, CONFIG_AB, 1_800_000_123_456)
+    log.install_snapshot(meta)
+    assert backend.reopen(log).recover().snapshot == meta
 
 
 def test_compact_beyond_the_last_index_is_refused(backend):

@@ -23,7 +23,8 @@ def payload_of(size: int, seed: int) -> bytes:
 
 
 def write_snapshot(store: SnapshotStore, index: int, payload: bytes, *, membership=CONFIG):
-    meta = SnapshotMeta(index=index, term=index // 10 + 1, membership=membership)
+    meta = SnapshotMeta(index=index, term=index // 10 + 1, membership=membership,
+                        ts_ms=1_800_000_000_000 + index)
     with store.begin(meta, "kv") as writer:
         for start in range(0, len(payload), 100_000):
             writer.write(payload[start : start + 100_000])
@@ -119,20 +120,24 @@ def test_no_snapshot_that_verifies_is_an_error_not_an_absence(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "damage", ["magic", "kind", "membership", "payload length", "trailer", "truncated", "renamed"]
+    "damage", ["magic", "kind", "time", "membership", "payload length", "trailer", "truncated",
+               "renamed"]
 )
 def test_damage_anywhere_in_a_snapshot_file_is_detected(tmp_path, damage):
     store = SnapshotStore(tmp_path / "snap")
     _, path = write_snapshot(store, 10, payload_of(5000, 1))
     size = path.stat().st_size
     membership_length = len(CONFIG.encode())
-    header_length = 12 + len(b"kv") + 20 + membership_length + 8
+    position = 8 + 8 + 8 + 4  # index, term, time, membership length
+    header_length = 12 + len(b"kv") + position + membership_length + 8
     if damage == "magic":
         flip_bit(path, 0)
     elif damage == "kind":
         flip_bit(path, 12)
+    elif damage == "time":
+        flip_bit(path, 12 + 2 + 16)
     elif damage == "membership":
-        flip_bit(path, 12 + 2 + 20 + 3)
+        flip_bit(path, 12 + 2 + position + 3)
     elif damage == "payload length":
         flip_bit(path, header_length - 8)
     elif damage == "trailer":

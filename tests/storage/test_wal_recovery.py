@@ -2,23 +2,63 @@
 refused with a CorruptDataError that names the file and the byte offset.
 
 Damage is injected into real files: every byte offset a crash could cut the last records at,
-single bit flips in every part of a sealed segment, missing and foreign files.
+single bit flips in every part of a sealed segment, missing and foreign files. Every test runs
+twice: on logs in the current format (version 2 segments, whose records carry times) and on
+logs in the first release's (version 1 segments and records, which a member upgraded from that
+release still has on its volume).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
 from flotilla.node.consensus.types import Entry, HardState, Membership, SnapshotMeta
-from flotilla.node.storage import CorruptDataError, DiskStorage
+from flotilla.node.storage import CorruptDataError, DiskStorage, wal
+from flotilla.node.storage import segment as wal_segment
 from flotilla.node.storage.segment import RECORD_HEADER, encode_header, encode_record
 
-from tests.storage.storage_testlib import CLUSTER, SMALL_SEGMENT, entries, newest_segment, segments
+from tests.storage.storage_testlib import (
+    CLUSTER,
+    EPOCH_MS,
+    SMALL_SEGMENT,
+    entries,
+    newest_segment,
+    segments,
+)
 
 WAL_LOGGER = "flotilla.node.storage.wal"
+
+
+@pytest.fixture(autouse=True, params=["v2", "v1"], ids=["format-v2", "format-v1"])
+def wal_format(request, monkeypatch) -> str:
+    """For "v1", the log writes (and this module's helpers compute) the first release's
+    segments: version 1 headers, records without a time; entries are made with time 0, which
+    is what such records read back as."""
+    if request.param == "v1":
+        header = functools.partial(wal_segment.encode_header, version=1)
+        record = functools.partial(wal_segment.encode_record, version=wal_segment.RECORD_V1)
+        monkeypatch.setattr(wal, "encode_header", header)
+        monkeypatch.setattr(wal, "record_encoder",
+                            functools.partial(wal_segment.record_encoder, wal_segment.RECORD_V1))
+        module = sys.modules[__name__]
+        monkeypatch.setattr(module, "encode_header", header)
+        monkeypatch.setattr(module, "encode_record", record)
+        monkeypatch.setattr(module, "entries", functools.partial(entries, timed=False))
+        monkeypatch.setattr(module, "TIMED", False)
+    return request.param
+
+
+TIMED = True  # whether the format under test stores times (see `wal_format`)
+
+
+def at(index: int) -> int:
+    """A time for entries made by hand (0, unknown, in the first release's format)."""
+    return EPOCH_MS + index * 10 if TIMED else 0
 
 
 def open_log(path: Path, **options) -> DiskStorage:
@@ -65,13 +105,23 @@ def record_offsets(path: Path, first_index: int, written: list[Entry]) -> list[i
     return starts
 
 
+def test_the_log_under_test_is_in_the_format_under_test(tmp_path, wal_format):
+    written = build(tmp_path, 30)
+    version = 1 if wal_format == "v1" else wal_segment.VERSION
+    for path in segments(tmp_path):
+        assert int.from_bytes(path.read_bytes()[8:10], "little") == version, path
+    log = open_log(tmp_path)
+    assert log.recover().entries == written
+    assert all(bool(e.ts_ms) == (wal_format == "v2") for e in written)
+
+
 # --- torn tails ----------------------------------------------------------------------------
 
 
 def test_a_cut_at_every_byte_of_the_last_records_recovers_the_whole_ones_before(tmp_path, caplog):
     """The last append was a batch of two records (one os.write): a crash can cut it at any
     byte. Recovery must keep exactly the records that are whole, and the log must go on."""
-    big = [Entry(i, 2, 0, bytes([i]) * 60) for i in (31, 32)]
+    big = [Entry(i, 2, 0, bytes([i]) * 60, at(i)) for i in (31, 32)]
     written = build(tmp_path / "base", 30, tail=big)
     newest = newest_segment(tmp_path / "base")
     assert len(segments(tmp_path / "base")) > 2, "the newest segment must have sealed ones before"
@@ -94,7 +144,7 @@ def test_a_cut_at_every_byte_of_the_last_records_recovers_the_whole_ones_before(
         assert log.recover().entries == expected, f"cut at byte {cut}"
         torn = cut not in record_ends
         assert any("torn" in r.getMessage() for r in caplog.records) == torn, f"cut at {cut}"
-        follow_up = Entry(len(expected) + 1, 3, 0, b"after the crash")
+        follow_up = Entry(len(expected) + 1, 3, 0, b"after the crash", at(len(expected) + 1))
         log.append([follow_up])
         log.sync()
         log.close()
@@ -152,8 +202,8 @@ def test_damage_in_the_newest_segment_followed_by_intact_records_is_corruption(t
 def test_entry_data_that_looks_like_a_record_does_not_hide_a_torn_tail(tmp_path):
     """A client may store anything, even bytes shaped like a log record; cutting through such
     an entry is still a torn write."""
-    inner = encode_record(Entry(10**9, 1, 0, b"not really a log record"))
-    written = build(tmp_path, 5, tail=[Entry(6, 1, 0, b"x" * 40 + inner + b"y" * 20)])
+    inner = encode_record(Entry(10**9, 1, 0, b"not really a log record", at(10**9)))
+    written = build(tmp_path, 5, tail=[Entry(6, 1, 0, b"x" * 40 + inner + b"y" * 20, at(6))])
     newest = newest_segment(tmp_path)
     truncate(newest, newest.stat().st_size - 10)
     assert open_log(tmp_path).recover().entries == written[:-1]
