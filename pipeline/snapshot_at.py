@@ -207,8 +207,8 @@ def _meta_at(ops: Any, plan: RestorePlan, base_meta: SnapshotMeta | None) -> Sna
 
     index = plan.index
     if index == plan.base_index and base_meta is not None:
-        return SnapshotMeta(index, base_meta.term, base_meta.membership)
-    found = ops.filter(F.col("index") == index).select("term").collect()
+        return base_meta
+    found = ops.filter(F.col("index") == index).select("term", "ts_ms").collect()
     if not found:
         raise PipelineError(f"entry {index} is missing from the archived segments")
     change = (ops.filter(F.col("kind") == int(EntryKind.MEMBERSHIP))
@@ -222,7 +222,7 @@ def _meta_at(ops: Any, plan: RestorePlan, base_meta: SnapshotMeta | None) -> Sna
         # the log or the archive. A restore takes its configuration from --initial-cluster and
         # reads only the payload, which is exact either way.
         membership = EMPTY_MEMBERSHIP
-    return SnapshotMeta(index, found[0]["term"], membership)
+    return SnapshotMeta(index, found[0]["term"], membership, found[0]["ts_ms"])
 
 
 def _synthesize(spark: Any, ref: ArchiveRef, plan: RestorePlan, ops: Any, meta: SnapshotMeta,

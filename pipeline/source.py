@@ -26,9 +26,11 @@ PUT, DELETE, BAD = 0, 1, -1
 
 # One row per entry: kind is the entry kind; op/key/... only for normal entries (op BAD for a
 # command that does not decode); data only for membership entries. seg is the first index of
-# the segment the entry came from (the unit of the clock's prefix).
-OPS_SCHEMA = ("index long, term long, kind byte, op byte, key binary, value binary, "
-              "prev_index long, client binary, seq long, ts long, seg long, data binary")
+# the segment the entry came from (the unit of the clock's prefix). ts_ms is the entry's own
+# time (its leader's clock at append; 0 when unknown), ts the key-value command's.
+OPS_SCHEMA = ("index long, term long, ts_ms long, kind byte, op byte, key binary, "
+              "value binary, prev_index long, client binary, seq long, ts long, seg long, "
+              "data binary")
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +77,7 @@ def decode_segments(ref: ArchiveRef, upto: int, segments: Sequence[SegmentRecord
                 continue
             cols["index"].append(entry.index)
             cols["term"].append(entry.term)
+            cols["ts_ms"].append(entry.ts_ms)
             cols["kind"].append(entry.kind)
             cols["seg"].append(record.first)
             if entry.kind == EntryKind.NORMAL:

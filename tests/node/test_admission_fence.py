@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from flotilla import local, scaling
-from flotilla.client import Client, FlotillaError
+from flotilla.client import FlotillaError
 
 FAST = {"election_timeout_ms": 500, "heartbeat_ms": 50}
 LOST_DISK = "its disk was lost"
@@ -79,7 +79,7 @@ def retry(action, timeout: float = 30):
 def test_a_lost_voter_is_fenced_until_it_is_removed_and_added_back(tmp_path: Path):
     cluster, leader = local.up(tmp_path / "c", 3, **FAST)
     try:
-        with Client(cluster.endpoints, timeout=10) as c:
+        with cluster.client(timeout=10) as c:
             for i in range(5):
                 c.put(f"before/{i}", b"kept")
         lost = leader
@@ -105,7 +105,7 @@ def test_a_lost_voter_is_fenced_until_it_is_removed_and_added_back(tmp_path: Pat
         cluster.wait_ready(30)
 
         member = cluster.member(lost)
-        with Client(cluster.endpoints, timeout=30) as c:
+        with cluster.client(timeout=30) as c:
             retry(lambda: c.remove_member(lost))
             retry(lambda: c.add_member(lost, member.peer_url, member.client_url))
             wait_admission(cluster, lost, None)
@@ -135,7 +135,7 @@ def test_a_member_added_by_scaling_up_is_admitted_without_a_lost_disk_warning(tm
     root = tmp_path / "c"
     cluster, _ = local.up(root, 3, **FAST)
     try:
-        with Client(cluster.endpoints, timeout=10) as c:
+        with cluster.client(timeout=10) as c:
             for i in range(5):
                 c.put(f"k{i}", b"v")
         scaling.scale(root, 4, timeout=120)

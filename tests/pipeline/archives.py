@@ -25,11 +25,11 @@ def write_archive(url: str, cluster_id: str, commands: Sequence[bytes], *,
     """Archive a log: a membership entry at 1, then one normal entry per command (a no-op
     after every 17th, as leader changes leave them), in segments of `segment_entries`, with a
     snapshot (as a member writes it) at each index of `snapshot_at`. Returns the log."""
-    log = [Entry(1, 1, EntryKind.MEMBERSHIP, VOTERS.encode())]
-    for n, data in enumerate(commands):
-        log.append(Entry(len(log) + 1, term, EntryKind.NORMAL, data))
+    log = [Entry(1, 1, EntryKind.MEMBERSHIP, VOTERS.encode(), 1_000)]
+    for n, data in enumerate(commands):  # leaders' clocks: 1 s apart, never decreasing
+        log.append(Entry(len(log) + 1, term, EntryKind.NORMAL, data, 1_000 * (n + 2)))
         if n % 17 == 16:
-            log.append(Entry(len(log) + 1, term, EntryKind.NOOP, b""))
+            log.append(Entry(len(log) + 1, term, EntryKind.NOOP, b"", 1_000 * (n + 2)))
     archive = open_archive(url)
     try:
         cluster = ClusterArchive(archive, cluster_id)
@@ -38,7 +38,9 @@ def write_archive(url: str, cluster_id: str, commands: Sequence[bytes], *,
         with tempfile.TemporaryDirectory() as tmp:
             for index in snapshot_at:
                 path = member_snapshot(log, index, Path(tmp) / str(index))
-                cluster.upload_snapshot(path, SnapshotMeta(index, log[index - 1].term, VOTERS))
+                entry = log[index - 1]
+                cluster.upload_snapshot(path, SnapshotMeta(index, entry.term, VOTERS,
+                                                           entry.ts_ms))
         cluster.publish()
     finally:
         archive.close()
@@ -51,7 +53,8 @@ def member_snapshot(log: Sequence[Entry], index: int, directory: Path) -> Path:
         if entry.kind == EntryKind.NORMAL:
             sm.apply(entry.index, entry.data)
     store = SnapshotStore(directory, fsync=False)
-    return store.save(SnapshotMeta(index, log[index - 1].term, VOTERS), sm.kind,
+    entry = log[index - 1]
+    return store.save(SnapshotMeta(index, entry.term, VOTERS, entry.ts_ms), sm.kind,
                       sm.write_snapshot)
 
 

@@ -64,7 +64,8 @@ def test_snapshot_at_writes_the_bytes_the_node_s_restore_builds(spark, tmp_path,
         result = snapshot_at(spark, ArchiveRef(url, "old"), index, tasks=rng.choice([1, 3]))
         assert result.cluster_id == f"old-at-{index}"
         meta, payload = published_payload(url, result.cluster_id)
-        assert (meta.index, meta.term) == (index, log[index - 1].term)
+        assert (meta.index, meta.term, meta.ts_ms) == (index, log[index - 1].term,
+                                                       log[index - 1].ts_ms)
         assert payload == replayed_payload(url, "old", index), f"index {index}"
 
 
