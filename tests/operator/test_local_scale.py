@@ -37,6 +37,16 @@ def cluster_dir(tmp_path: Path):
         cluster.stop(timeout=5)
 
 
+def checked_workload(root: Path, clients: int, seed: int) -> TracedWorkload:
+    """Clients writing and reading the cluster in `root`, their history recorded for the
+    linearizability check; the endpoints are read again per request, so the clients follow
+    the members as `scale` changes them."""
+    return TracedWorkload(lambda: local.LocalCluster.load(root).endpoints, KEYS,
+                          clients=clients, duration=180.0, seed=seed, timeout=2.0,
+                          mix={"put": 0.4, "get": 0.4, "delete": 0.1, "cas": 0.1},
+                          history=TracedHistory())
+
+
 def config_of(cluster: local.LocalCluster, name: str) -> tuple[list[str], list[str], object]:
     config = cluster.member_status(name, timeout=2.0)["config"]
     return sorted(config["voters"]), sorted(config["learners"]), config["joint"]
@@ -44,13 +54,7 @@ def config_of(cluster: local.LocalCluster, name: str) -> tuple[list[str], list[s
 
 def test_scale_3_to_5_to_3_under_load_with_the_leader_leaving(cluster_dir: Path, capsys):
     cluster, _ = local.up(cluster_dir, 3, **FAST)
-
-    def urls() -> list[str]:  # asked again per request: follows the members as they change
-        return local.LocalCluster.load(cluster_dir).endpoints
-
-    w = TracedWorkload(urls, KEYS, clients=4, duration=180.0, seed=7, timeout=2.0,
-                       mix={"put": 0.4, "get": 0.4, "delete": 0.1, "cas": 0.1},
-                       history=TracedHistory())
+    w = checked_workload(cluster_dir, clients=4, seed=7)
     with w:
         wait_for(lambda: w.ok_count >= 30, 20, "the workload to get going")
         assert cli_main(["scale", "5", "--dir", str(cluster_dir), "--timeout", "120"]) == 0
@@ -177,13 +181,7 @@ def test_scale_5_3_5_with_the_default_relative_dir_under_load(tmp_path: Path):
     try:
         made = _flotilla(tmp_path, "up", "--election-timeout-ms", "500", "--heartbeat-ms", "50")
         assert made.returncode == 0, made.stdout + made.stderr
-
-        def urls() -> list[str]:
-            return local.LocalCluster.load(root).endpoints
-
-        w = TracedWorkload(urls, KEYS, clients=3, duration=180.0, seed=11, timeout=2.0,
-                           mix={"put": 0.4, "get": 0.4, "delete": 0.1, "cas": 0.1},
-                           history=TracedHistory())
+        w = checked_workload(root, clients=3, seed=11)
         with w:
             wait_for(lambda: w.ok_count >= 30, 20, "the workload to get going")
             for n, members in ((5, ["n4", "n5"]), (3, []), (5, ["n4", "n5"])):
