@@ -220,8 +220,8 @@ def synthesize(base: BaseState, base_keys: Iterable[KeyEntry],
     base_sessions = dict(base.sessions or {})
     folds = {c: fold_client(c, base_sessions.get(c), cmds, ttl, window)
              for c, cmds in by_client.items()}
-    skipped = {i for op, _ in clocked if op.client is not None
-               for i in [op.index] if i not in folds[op.client].applied}
+    skipped = {op.index for op, _ in clocked
+               if op.client is not None and op.index not in folds[op.client].applied}
     wanted = {i for f in folds.values() if f.session is not None
               for _, i in f.session.recorded if isinstance(i, int)}
 

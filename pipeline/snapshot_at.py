@@ -18,8 +18,6 @@ Python call per Arrow batch, never one per key.
 
 from __future__ import annotations
 
-import hashlib
-import io
 import json
 import tempfile
 from collections.abc import Iterator
@@ -35,7 +33,7 @@ from flotilla.node.consensus import EntryKind, Membership, SnapshotMeta
 from flotilla.node.consensus.types import EMPTY_MEMBERSHIP
 from flotilla.node.statemachine.kv import KVStateMachine, packer
 from flotilla.node.statemachine.sessions import Session
-from flotilla.node.storage import SnapshotStore
+from flotilla.node.storage import PayloadReader, SnapshotStore
 
 from .kvfold import Op, SessionSketch, assemble_payload, finish_session, fold_client, fold_key
 from .source import BAD, DELETE, OPS_SCHEMA, PUT, ArchiveRef, decode_segments, key_text
@@ -160,7 +158,7 @@ def _read_base(cluster: ClusterArchive, plan: RestorePlan,
     path = work / "base.snap"
     meta = cluster.download_snapshot(plan.snapshot, path)
     sm = KVStateMachine()
-    with SnapshotStore.open_payload(SnapshotStore, path) as payload:  # type: ignore[arg-type]
+    with PayloadReader(path) as payload:
         sm.restore(payload)
     sessions = {s.client: s for s in sm.sessions()}
     return meta, _Base(sm.applied_index, sm.clock, sm.session_ttl_ms, sm.session_window,
@@ -349,11 +347,9 @@ def _synthesize(spark: Any, ref: ArchiveRef, plan: RestorePlan, ops: Any, meta: 
     normal = commands.agg(F.max("index")).collect()[0][0]
     applied = base.applied_index if normal is None else normal
     store = SnapshotStore(work / "out")
-    digest = hashlib.sha256()
 
     def write(stream: Any) -> None:
-        tee = _Tee(stream, digest)
-        assemble_payload(tee, applied_index=applied, clock=final_clock, ttl_ms=ttl,
+        assemble_payload(stream, applied_index=applied, clock=final_clock, ttl_ms=ttl,
                          window=window, key_count=key_count,
                          key_records=(row["run"] for row in runs.toLocalIterator()),
                          sessions=sessions)
@@ -382,7 +378,7 @@ def _base_keys(spark: Any, ref: ArchiveRef, plan: RestorePlan) -> Any:
                     path = Path(tmp) / "base.snap"
                     cluster_archive(ref).download_snapshot(record, path)
                     sm = KVStateMachine()
-                    with SnapshotStore.open_payload(SnapshotStore, path) as payload:  # type: ignore[arg-type]
+                    with PayloadReader(path) as payload:
                         sm.restore(payload)
                 pack = packer().pack
                 schema = _arrow("key binary, value binary, mod long, record binary")
@@ -418,17 +414,3 @@ def _runs(batches: Iterator[Any], by: str, columns: tuple[str, ...]
             rows.append(tuple(col[n] for col in cols))
     if current is not None:
         yield current, rows
-
-
-class _Tee(io.RawIOBase):
-    """Passes writes on while hashing them."""
-
-    def __init__(self, stream: Any, digest: Any) -> None:
-        self.stream, self.digest = stream, digest
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, data: Any) -> int:
-        self.digest.update(data)
-        return self.stream.write(data)

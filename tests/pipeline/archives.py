@@ -13,7 +13,7 @@ from pathlib import Path
 from flotilla.node.archive import ClusterArchive, open_archive
 from flotilla.node.consensus import Entry, EntryKind, Membership, SnapshotMeta
 from flotilla.node.statemachine.kv import KVStateMachine
-from flotilla.node.storage import SnapshotStore
+from flotilla.node.storage import PayloadReader, SnapshotStore
 
 VOTERS = Membership(voters=frozenset({"n1", "n2", "n3"}),
                     addresses=(("n1", "http://a:1"), ("n2", "http://b:1"), ("n3", "http://c:1")))
@@ -66,7 +66,7 @@ def replayed_payload(url: str, cluster_id: str, index: int) -> bytes:
             prepared = ClusterArchive(archive, cluster_id).prepare_restore(work, index)
             sm = KVStateMachine()
             if prepared.snapshot_path is not None:
-                with SnapshotStore.open_payload(SnapshotStore, prepared.snapshot_path) as p:  # type: ignore[arg-type]
+                with PayloadReader(prepared.snapshot_path) as p:
                     sm.restore(p)
             for entry in prepared.entries():
                 if entry.kind == EntryKind.NORMAL:
@@ -88,7 +88,7 @@ def published_payload(url: str, cluster_id: str) -> tuple[SnapshotMeta, bytes]:
         with tempfile.TemporaryDirectory() as work:
             path = Path(work) / "s.snap"
             meta = cluster.download_snapshot(manifest.last_snapshot, path)
-            with SnapshotStore.open_payload(SnapshotStore, path) as payload:  # type: ignore[arg-type]
+            with PayloadReader(path) as payload:
                 return meta, payload.read()
     finally:
         archive.close()
