@@ -141,18 +141,14 @@ def default_archive_url(root: Path) -> str:
 
 
 def archive_url(text: str, option: str = "--archive") -> str:
-    """An archive URL as the members need it: ``s3://...`` or an absolute ``file://`` URL. A
-    plain path (relative ones included) is taken as a local directory and made absolute now,
-    since members run in the cluster directory, not where the user typed it."""
-    from flotilla.node.archive.urls import parse_archive_url
+    """`normalize_archive_url`, now, since members run in the cluster directory rather than
+    where the user typed a relative path; a bad URL is a BadOption naming `option`."""
+    from flotilla.node.archive.urls import normalize_archive_url
 
-    if "://" not in text:
-        text = Path(text).resolve().as_uri()
     try:
-        parse_archive_url(text)
+        return normalize_archive_url(text)
     except ValueError as exc:
         raise BadOption(f"{option}: {exc}") from None
-    return text
 
 
 def node_accepts_flag(flag: str) -> bool:

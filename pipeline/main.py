@@ -79,15 +79,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from flotilla.local import BadOption, archive_url
+    from flotilla.node.archive.urls import normalize_archive_url
 
     from .source import ArchiveRef
     from .spark import spark_session
 
     try:
-        url = archive_url(args.archive)
-    except BadOption as exc:
-        raise PipelineError(str(exc), EXIT_USAGE) from None
+        url = normalize_archive_url(args.archive)
+    except ValueError as exc:
+        raise PipelineError(f"--archive: {exc}", EXIT_USAGE) from None
     ref = ArchiveRef(url, args.cluster_id, args.s3_endpoint, args.s3_region)
     if args.job == "snapshot-at":
         from .snapshot_at import prepare, snapshot_at

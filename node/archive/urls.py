@@ -5,6 +5,7 @@ can reject a bad `--archive` or `--restore-from` before anything starts."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from .protocol import Archive, ArchiveSettings
@@ -41,6 +42,16 @@ def parse_archive_url(url: str) -> ArchiveURL:
     raise ValueError(
         f"archive URL {url!r} is not supported: use s3://bucket/prefix or file:///absolute/path"
     )
+
+
+def normalize_archive_url(text: str) -> str:
+    """An archive URL as members and jobs need it: ``s3://...`` or an absolute ``file://`` URL.
+    A plain path (relative ones included) is taken as a local directory and made absolute
+    here, where it was typed. ValueError says what is wrong with anything else."""
+    if "://" not in text:
+        text = Path(text).resolve().as_uri()
+    parse_archive_url(text)
+    return text
 
 
 def open_archive(
