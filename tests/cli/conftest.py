@@ -8,11 +8,8 @@ use the function-scoped ``local_cluster`` factory instead. Both skip, with the r
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
-from collections.abc import Iterator, Mapping
-from pathlib import Path
+from collections.abc import Iterator
 
 import pytest
 
@@ -21,16 +18,6 @@ from tests.harness.processes import LocalCluster
 
 #: Fast elections keep the suite quick; the CLI takes the same through `up`.
 FAST = {"election_timeout_ms": 500, "heartbeat_ms": 50}
-
-
-def flotilla(*args: str, cwd: Path | None = None, stdin: bytes | None = None,
-             timeout: float = 60, env: Mapping[str, str] | None = None
-             ) -> subprocess.CompletedProcess:
-    """`flotilla ARGS` as a user runs it: none of the caller's FLOTILLA_* variables, only
-    those in ``env``."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("FLOTILLA_")}
-    return subprocess.run([sys.executable, "-m", "flotilla", *args], cwd=cwd, input=stdin,
-                          capture_output=True, timeout=timeout, env={**clean, **(env or {})})
 
 
 def text(result: subprocess.CompletedProcess) -> str:

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from flotilla.local import LocalCluster, pid_is_member
-from tests.cli.conftest import FAST, flotilla, ok, text
+from tests.cli.conftest import FAST, ok, text
+from tests.harness.cli import flotilla
 from tests.harness.fixtures import require_node
 
 FAST_FLAGS = ["--election-timeout-ms", str(FAST["election_timeout_ms"]),

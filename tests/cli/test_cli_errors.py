@@ -12,7 +12,8 @@ import pytest
 
 from flotilla.cli import known_leader
 from flotilla.local import LocalCluster
-from tests.cli.conftest import flotilla, ok, text
+from tests.cli.conftest import ok, text
+from tests.harness.cli import flotilla
 from tests.harness.stub_server import StubNode
 
 #: Every command that takes --timeout, with what it needs besides.

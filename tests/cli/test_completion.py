@@ -12,7 +12,8 @@ import pytest
 
 from flotilla.cli import build_parser
 from flotilla.completion import commands
-from tests.cli.conftest import flotilla, ok
+from tests.cli.conftest import ok
+from tests.harness.cli import flotilla
 
 PROG = f"{shlex.quote(sys.executable)} -m flotilla"
 

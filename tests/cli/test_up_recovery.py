@@ -4,10 +4,8 @@ cluster with dead members is brought back whole, and bad options are one line.""
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
-import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -15,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from flotilla import local
+from tests.harness.cli import flotilla as run_flotilla
 from tests.harness.fixtures import require_node
 from tests.harness.ports import allocate_range, release_port
 
@@ -22,9 +21,7 @@ FAST = ["--election-timeout-ms", "500", "--heartbeat-ms", "50"]
 
 
 def flotilla(cwd: Path, *argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLOTILLA_")}
-    return subprocess.run([sys.executable, "-m", "flotilla", *argv], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return run_flotilla(*argv, cwd=cwd, timeout=timeout, text=True)
 
 
 def members_running(root: Path) -> str:

@@ -8,10 +8,8 @@ its old data."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,6 +19,7 @@ from flotilla.operator.planner import Record
 from flotilla import local, scaling
 from flotilla.cli import main as cli_main
 from tests.faults.support import KEYS, TracedHistory, TracedWorkload, diagnostics
+from tests.harness.cli import flotilla
 from tests.harness.kvclient import read_final_reads
 from tests.harness.linearizability import check_final_state
 from tests.harness.polling import wait_for
@@ -167,9 +166,7 @@ def test_scale_of_a_stopped_cluster_says_how_to_start_it(cluster_dir: Path, caps
 
 def _flotilla(cwd: Path, *argv: str, timeout: float = 150) -> subprocess.CompletedProcess:
     """`flotilla ARGV` as a user runs it in `cwd`: a separate process, the default --dir."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLOTILLA_")}
-    return subprocess.run([sys.executable, "-m", "flotilla", *argv], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return flotilla(*argv, cwd=cwd, timeout=timeout, text=True)
 
 
 def test_scale_5_3_5_with_the_default_relative_dir_under_load(tmp_path: Path):
