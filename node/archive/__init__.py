@@ -29,6 +29,7 @@ from .timeindex import (
     TimeTarget,
     format_ms,
     locate,
+    parse_time,
     restorable_time_range,
     restorable_times,
 )
@@ -62,6 +63,7 @@ __all__ = [
     "manifest_key",
     "open_archive",
     "parse_archive_url",
+    "parse_time",
     "read_segment_header",
     "resolve_cluster_id",
     "restorable_time_range",

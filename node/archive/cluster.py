@@ -49,6 +49,7 @@ from .manifest import Manifest, SegmentRecord, SnapshotRecord, known_time
 from .protocol import Archive, ObjectInfo
 from .restore import PreparedRestore, RestorePlan, plan_candidates, prepare_restore, replay
 from .segments import decode_segment, encode_segment
+from .timeindex import locate
 
 log = logging.getLogger(__name__)
 
@@ -421,6 +422,24 @@ class ClusterArchive:
                 "manifest); check --restore-from and --restore-cluster-id"
             )
         return plan_candidates(manifest, index, self.url)
+
+    def index_at_time(self, ts_ms: int, *, inclusive: bool = True) -> int:
+        """The last restorable index stamped at or before `ts_ms` (before it, when not
+        `inclusive`): what `--restore-time` and the pipeline's `--time` restore. Reads the
+        manifest and, when the manifest's time points do not pin the index down, the one
+        segment that holds it. Raises TimeOutsideArchive naming the restorable times, or
+        ArchiveNotFound when nothing is archived."""
+        manifest = self.manifest()
+        if manifest is None:
+            raise ArchiveNotFound(
+                f"nothing is archived for cluster {self.cluster_id!r} at {self.url} (no "
+                "manifest); check the archive URL and the cluster id"
+            )
+        target = locate(manifest, ts_ms, inclusive=inclusive, url=self.url)
+        if target.exact:
+            return target.index
+        assert target.segment is not None
+        return target.resolve(self.read_segment(target.segment))
 
     def plan_restore(self, index: int | None = None) -> RestorePlan:
         """The newest snapshot at or below `index` plus the segments after it up to `index`."""

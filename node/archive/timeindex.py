@@ -22,6 +22,7 @@ carry none, so their stretch of an archive cannot be targeted by time.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -39,6 +40,35 @@ def format_ms(ts_ms: int) -> str:
     `2026-11-25T17:00:00.250Z`."""
     moment = _EPOCH + timedelta(milliseconds=ts_ms)
     return f"{moment:%Y-%m-%dT%H:%M:%S}.{ts_ms % 1000:03d}Z"
+
+
+_RFC3339 = re.compile(
+    r"(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(\.\d+)?([Zz]|[+-]\d{2}:\d{2})"
+)
+
+
+def parse_time(text: str) -> int:
+    """An RFC 3339 time (`2026-11-25T17:00:00.250Z`, `2026-11-25T18:00:00+01:00`) as ms since
+    the epoch. The offset is required (a time without one means different instants on
+    different machines); digits past the millisecond are dropped, never rounded up (the target
+    stays at or before what was asked). ValueError says what is wrong."""
+    match = _RFC3339.fullmatch(text.strip())
+    if match is None:
+        raise ValueError(f"{text!r} is not an RFC 3339 time with an offset; write it like "
+                         "2026-11-25T17:00:00.250Z or 2026-11-25T18:00:00+01:00")
+    year, month, day, hour, minute, second, fraction, offset = match.groups()
+    zone = offset.upper()
+    try:
+        moment = datetime.fromisoformat(
+            f"{year}-{month}-{day}T{hour}:{minute}:{min(int(second), 59):02d}"
+            + ("+00:00" if zone == "Z" else zone))
+    except ValueError as exc:
+        raise ValueError(f"{text!r} is not a valid time: {exc}") from None
+    millis = int((fraction or ".0")[1:4].ljust(3, "0"))
+    whole = (moment - _EPOCH) // timedelta(milliseconds=1)
+    if whole < 0:
+        raise ValueError(f"{text!r} is before 1970")
+    return whole + millis
 
 
 @dataclass(frozen=True, slots=True)

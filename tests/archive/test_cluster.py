@@ -17,6 +17,7 @@ from flotilla.node.archive import (
     ArchiveError,
     ArchiveNotFound,
     ClusterArchive,
+    TimeOutsideArchive,
     list_clusters,
     resolve_cluster_id,
 )
@@ -108,6 +109,28 @@ def test_the_manifest_records_the_time_range_of_each_segment_and_each_snapshots_
     assert [(s.first_ts_ms, s.last_ts_ms) for s in manifest.segments] == [
         (ts(s.first), ts(s.last)) for s in manifest.segments]
     assert [s.ts_ms for s in manifest.snapshots] == [ts(10), ts(20), ts(30)]
+
+
+def test_a_time_resolves_to_the_last_index_stamped_at_or_before_it(cluster, tmp_path):
+    """Entry i is stamped EPOCH + 10 i: a time between two stamps inside a segment is pinned
+    down by reading that segment; the bounds are refused naming the range."""
+    ship_history(cluster, tmp_path)
+    assert cluster.index_at_time(ts(10)) == 10  # a snapshot's time: exact from the manifest
+    assert cluster.index_at_time(ts(13) + 5) == 13  # inside segment 11..15
+    assert cluster.index_at_time(ts(13)) == 13
+    assert cluster.index_at_time(ts(13), inclusive=False) == 12
+    assert cluster.index_at_time(ts(40)) == 40
+    with pytest.raises(TimeOutsideArchive, match=r"restorable times are .*\(index 1\) to .*"
+                                                 r"\(index 40\)") as caught:
+        cluster.index_at_time(ts(40) + 1)
+    assert "after the last archived entry" in str(caught.value)
+    with pytest.raises(TimeOutsideArchive, match="no archived entry is stamped at or before"):
+        cluster.index_at_time(ts(1) - 1)
+
+
+def test_a_time_cannot_be_resolved_without_a_manifest(cluster):
+    with pytest.raises(ArchiveNotFound, match="no manifest"):
+        cluster.index_at_time(ts(1))
 
 
 def test_unknown_times_are_left_out_of_the_manifest(cluster, tmp_path):

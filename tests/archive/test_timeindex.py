@@ -15,6 +15,7 @@ from flotilla.node.archive.timeindex import (
     TimeTarget,
     format_ms,
     locate,
+    parse_time,
     restorable_time_range,
     restorable_times,
 )
@@ -232,3 +233,25 @@ def test_locate_answers_exactly_what_scanning_the_log_gives(archive):
         assert overall.first == runs[0].first and overall.last == runs[-1].last
         assert overall.first.index == min(restorable)
         assert overall.last.index == m.last_archived_index
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("2026-11-18T11:06:40Z", T0),
+    ("2026-11-18T11:06:40.250Z", T0 + 250),
+    ("2026-11-18t11:06:40.2509z", T0 + 250),  # past the millisecond: dropped, never rounded up
+    ("2026-11-18 12:06:40.5+01:00", T0 + 500),
+    ("2026-11-18T06:06:40-05:00", T0),
+])
+def test_rfc_3339_times_are_read_to_the_millisecond(text, expected):
+    assert parse_time(text) == expected
+    assert parse_time(format_ms(expected)) == expected
+
+
+@pytest.mark.parametrize("text", [
+    "2026-11-18T11:06:40",  # no offset: a different instant on every machine
+    "2026-11-18", "yesterday", "1795000000000", "2026-13-01T00:00:00Z",
+    "2026-02-30T00:00:00Z", "1969-12-31T23:59:59Z",
+])
+def test_a_time_that_is_not_rfc_3339_with_an_offset_is_refused_with_an_example(text):
+    with pytest.raises(ValueError, match=r"2026-11-25T17:00:00.250Z|not a valid time|before 1970"):
+        parse_time(text)
