@@ -23,6 +23,15 @@ def _positive(text: str) -> int:
     return int(text)
 
 
+def _time(text: str) -> int:
+    from flotilla.node.archive.timeindex import parse_time
+
+    try:
+        return parse_time(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, exit 2 (argparse prints usage too)
         raise PipelineError(f"{message} (see `flotilla pipeline {self.prog.split()[-1]} "
@@ -43,13 +52,21 @@ def build_parser() -> argparse.ArgumentParser:
                         help="Spark master URL (default local[*])")
 
     p = jobs.add_parser("snapshot-at", parents=[common],
-                        help="the exact state at an index, published as a new cluster",
-                        description="Synthesize the state at --index N in the node's snapshot "
-                                    "format and publish it into the same archive as a new "
-                                    "cluster (default id <ID>-at-<N>), so `flotilla node "
+                        help="the exact state at an index or a time, published as a new "
+                             "cluster",
+                        description="Synthesize the state at --index N, or after the last "
+                                    "entry stamped at or before --time T, in the node's "
+                                    "snapshot format and publish it into the same archive as a "
+                                    "new cluster (default id <ID>-at-<N>), so `flotilla node "
                                     "--restore-from URL --restore-cluster-id <that id>` "
                                     "restores it.")
-    p.add_argument("--index", type=_positive, required=True, help="the log index")
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument("--index", type=_positive, help="the log index")
+    target.add_argument("--time", type=_time, metavar="T",
+                        help="RFC 3339, e.g. 2026-11-25T17:00:00.250Z: the state after the "
+                             "last entry stamped at or before T")
+    p.add_argument("--exclusive", action="store_true",
+                   help="with --time: the last entry stamped before T")
     p.add_argument("--to-cluster-id", default=None, help="the new cluster's id")
     p.add_argument("--dry-run", action="store_true",
                    help="print the plan (base snapshot, segments, bytes) and stop")
@@ -92,13 +109,16 @@ def _run(args: argparse.Namespace) -> int:
     if args.job == "snapshot-at":
         from .snapshot_at import prepare, snapshot_at
 
-        job = prepare(ref, args.index, args.to_cluster_id)
+        if args.exclusive and args.time is None:
+            raise PipelineError("--exclusive goes with --time", EXIT_USAGE)
+        job = prepare(ref, args.index, args.to_cluster_id, time_ms=args.time,
+                      exclusive=args.exclusive)
         if args.dry_run:
             print(json.dumps(job.describe()))
             return EXIT_OK
         spark = spark_session(args.master)
         try:
-            result = snapshot_at(spark, ref, args.index, prepared=job)
+            result = snapshot_at(spark, ref, prepared=job)
         finally:
             spark.stop()
         print(result.to_json())

@@ -26,8 +26,17 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
-from flotilla.node.archive import ArchiveError, ClusterArchive, open_archive
+from flotilla.node.archive import (
+    ArchiveError,
+    ClusterArchive,
+    TimeOutsideArchive,
+    format_ms,
+    open_archive,
+)
 from flotilla.node.archive.errors import ArchiveNotFound
+from flotilla.node.archive.layout import check_cluster_id
+from flotilla.node.archive.manifest import SnapshotRecord
+from flotilla.node.archive.protocol import sha256_of_file
 from flotilla.node.archive.restore import RestorePlan, resolve_cluster_id
 from flotilla.node.consensus import EntryKind, Membership, SnapshotMeta
 from flotilla.node.consensus.types import EMPTY_MEMBERSHIP
@@ -74,40 +83,87 @@ def plan_snapshot_at(cluster: ClusterArchive, index: int) -> RestorePlan:
 
 @dataclass(frozen=True, slots=True)
 class Prepared:
-    """A checked job: the cluster resolved, the plan made, the target id free. Made before
-    Spark starts, so bad input costs no JVM."""
+    """A checked job: the cluster resolved, the target resolved to an index, the plan made,
+    the target id free (or holding this very result from an earlier run). Made before Spark
+    starts, so bad input costs no JVM."""
 
     ref: ArchiveRef
     plan: RestorePlan
     target: str
+    time_ms: int | None = None  # the --time asked for, if any
+    exclusive: bool = False
+    existing: SnapshotRecord | None = None  # the target's snapshot from an earlier run
 
     def describe(self) -> dict[str, Any]:
-        return {"cluster_id": self.ref.cluster_id, "to_cluster_id": self.target,
+        asked = {} if self.time_ms is None else {
+            "requested_time": format_ms(self.time_ms), "exclusive": self.exclusive}
+        return {"cluster_id": self.ref.cluster_id, "to_cluster_id": self.target, **asked,
                 **_describe(self.plan)}
 
 
-def prepare(ref: ArchiveRef, index: int, to_cluster_id: str | None = None) -> Prepared:
+def resolve_index(cluster: ClusterArchive, time_ms: int, exclusive: bool = False) -> int:
+    """The index `--time` (with `--exclusive`) names, or PipelineError (exit 4) naming the
+    restorable times."""
+    try:
+        return cluster.index_at_time(time_ms, inclusive=not exclusive)
+    except TimeOutsideArchive as exc:
+        raise PipelineError(f"{exc}; pick a --time there", 4) from None
+
+
+def prepare(ref: ArchiveRef, index: int | None, to_cluster_id: str | None = None, *,
+            time_ms: int | None = None, exclusive: bool = False) -> Prepared:
+    """Check a snapshot-at job: exactly one of `index` and `time_ms` (ms since the epoch; the
+    last entry stamped at or before it, or before it when `exclusive`)."""
+    if (index is None) == (time_ms is None):
+        raise PipelineError("give exactly one of --index and --time", 2)
     archive = open_archive(ref.url, endpoint=ref.s3_endpoint, region=ref.s3_region)
     try:
         cluster_id = resolve_cluster_id(archive, ref.cluster_id, id_flag="--cluster-id",
                                         url_flag="--archive")
         ref = ArchiveRef(ref.url, cluster_id, ref.s3_endpoint, ref.s3_region)
-        plan = plan_snapshot_at(ClusterArchive(archive, cluster_id), index)
+        cluster = ClusterArchive(archive, cluster_id)
+        if time_ms is not None:
+            index = resolve_index(cluster, time_ms, exclusive)
+        assert index is not None
+        plan = plan_snapshot_at(cluster, index)
         target = to_cluster_id or f"{cluster_id}-at-{index}"
-        if ClusterArchive(archive, target).manifest() is not None:
-            raise PipelineError(f"{ref.url} already holds a cluster {target!r}: pick "
-                                "another --to-cluster-id", 2)
-        return Prepared(ref, plan, target)
+        try:
+            check_cluster_id(target)
+        except ValueError as exc:
+            raise PipelineError(f"--to-cluster-id: {exc}", 2) from None
+        if target == cluster_id:
+            raise PipelineError(f"--to-cluster-id {target!r} is the source cluster itself: "
+                                "pick a new id", 2)
+        existing = _earlier_result(ClusterArchive(archive, target), index, ref.url)
+        return Prepared(ref, plan, target, time_ms, exclusive, existing)
     except ArchiveError as exc:
         raise PipelineError(f"cannot read {ref.url}: {exc}") from None
     finally:
         archive.close()
 
 
-def snapshot_at(spark: Any, ref: ArchiveRef, index: int, *, to_cluster_id: str | None = None,
-                tasks: int | None = None, prepared: Prepared | None = None
-                ) -> SnapshotAtResult:
-    job = prepared or prepare(ref, index, to_cluster_id)
+def _earlier_result(out: ClusterArchive, index: int, url: str) -> SnapshotRecord | None:
+    """The snapshot an earlier run of this job published as `out`, or None if `out` is free.
+    A cluster that is anything else (other indexes, segments) is refused: an id is never
+    reused for different data."""
+    manifest = out.manifest()
+    if manifest is None:
+        return None
+    snaps = manifest.snapshots
+    if manifest.segments or len(snaps) != 1 or snaps[0].index != index:
+        raise PipelineError(f"{url} already holds a cluster {out.cluster_id!r} that is not the "
+                            f"state at index {index}: pick another --to-cluster-id", 2)
+    return snaps[0]
+
+
+def snapshot_at(spark: Any, ref: ArchiveRef, index: int | None = None, *,
+                to_cluster_id: str | None = None, tasks: int | None = None,
+                prepared: Prepared | None = None, time_ms: int | None = None,
+                exclusive: bool = False) -> SnapshotAtResult:
+    """Synthesize the state at `index` (or after the last entry stamped at or before
+    `time_ms`) and publish it as a new cluster. Running it again with the same target gives
+    the same result: the bytes are compared, never overwritten."""
+    job = prepared or prepare(ref, index, to_cluster_id, time_ms=time_ms, exclusive=exclusive)
     ref, plan, target = job.ref, job.plan, job.target
     archive = open_archive(ref.url, endpoint=ref.s3_endpoint, region=ref.s3_region)
     try:
@@ -118,10 +174,20 @@ def snapshot_at(spark: Any, ref: ArchiveRef, index: int, *, to_cluster_id: str |
             meta = _meta_at(ops, plan, base_meta)
             path = _synthesize(spark, ref, plan, ops, meta, base, Path(work))
             out = ClusterArchive(archive, target)
-            record = out.upload_snapshot(path, meta)
-            out.publish()
-            return SnapshotAtResult(target, index, meta.term, None, out.location(record),
-                                    record.sha256)
+            if job.existing is not None:
+                record = job.existing
+                with open(path, "rb") as file:
+                    same = sha256_of_file(file) == record.sha256
+                if not same:
+                    raise PipelineError(
+                        f"{out.location(record)} already holds a different state at index "
+                        f"{plan.index}: pick another --to-cluster-id", 2)
+            else:
+                record = out.upload_snapshot(path, meta)
+                out.publish()
+            time = format_ms(meta.ts_ms) if meta.ts_ms else None
+            return SnapshotAtResult(target, plan.index, meta.term, time,
+                                    out.location(record), record.sha256)
     except ArchiveError as exc:
         raise PipelineError(f"cannot read {ref.url}: {exc}") from None
     finally:
@@ -365,7 +431,6 @@ def _base_keys(spark: Any, ref: ArchiveRef, plan: RestorePlan) -> Any:
 
     def read(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
-        from flotilla.node.archive.manifest import SnapshotRecord
 
         from .source import cluster_archive, key_bytes
 

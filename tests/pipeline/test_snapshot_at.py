@@ -3,6 +3,7 @@ node's own restore builds at that index, and it refuses what the archive cannot 
 
 from __future__ import annotations
 
+import os
 import random
 import re
 import subprocess
@@ -10,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from flotilla.node.archive import format_ms
 from flotilla.node.statemachine.kv import encode_delete, encode_put
 from flotilla.pipeline.snapshot_at import snapshot_at
 from flotilla.pipeline.source import ArchiveRef
@@ -69,6 +71,47 @@ def test_snapshot_at_writes_the_bytes_the_node_s_restore_builds(spark, tmp_path,
         assert payload == replayed_payload(url, "old", index), f"index {index}"
 
 
+def last_at_or_before(log, ts_ms: int) -> int:
+    """The dumb answer: scan the log for the last entry stamped at or before `ts_ms`."""
+    return max(e.index for e in log if e.ts_ms <= ts_ms)
+
+
+def test_a_time_is_the_state_after_the_last_entry_stamped_at_or_before_it(spark, tmp_path):
+    """write_archive stamps command n at 1000 (n + 2) ms; a no-op shares its command's time.
+    Inclusive and exclusive targets, a time between two stamps, the very last entry."""
+    url = (tmp_path / "archive").as_uri()
+    log = write_archive(url, "old", history(5, 120), snapshot_at=[40], segment_entries=25)
+    noop = next(e for e in log if e.kind == 2 and e.index > 45)  # EntryKind.NOOP
+    cases = [(noop.ts_ms, False), (noop.ts_ms, True), (log[60].ts_ms + 500, False),
+             (log[-1].ts_ms, False)]
+    for ts_ms, exclusive in cases:
+        index = last_at_or_before(log, ts_ms - 1 if exclusive else ts_ms)
+        result = snapshot_at(spark, ArchiveRef(url, "old"), time_ms=ts_ms, exclusive=exclusive,
+                             to_cluster_id=f"t{ts_ms}{'x' if exclusive else ''}")
+        assert result.index == index, (ts_ms, exclusive)
+        assert result.time == format_ms(log[index - 1].ts_ms)
+        meta, payload = published_payload(url, result.cluster_id)
+        assert meta.index == index and payload == replayed_payload(url, "old", index)
+    assert last_at_or_before(log, noop.ts_ms) == noop.index  # the no-op counts inclusive
+
+
+def test_a_rerun_gives_the_same_result_and_an_id_is_never_reused_for_other_data(
+        spark, tmp_path):
+    """A Job's pod that died after publishing runs again: same answer, nothing rewritten.
+    The same id asked to hold another cluster's state at that index is refused."""
+    url = (tmp_path / "archive").as_uri()
+    write_archive(url, "old", history(6, 60), snapshot_at=[30])
+    write_archive(url, "other", history(7, 60))
+    first = snapshot_at(spark, ArchiveRef(url, "old"), 50, to_cluster_id="pitr")
+    manifests = sorted((tmp_path / "archive" / "pitr").rglob("*"))
+    again = snapshot_at(spark, ArchiveRef(url, "old"), 50, to_cluster_id="pitr")
+    assert again == first
+    assert sorted((tmp_path / "archive" / "pitr").rglob("*")) == manifests
+    with pytest.raises(PipelineError, match="already holds a different state at index 50") as no:
+        snapshot_at(spark, ArchiveRef(url, "other"), 50, to_cluster_id="pitr")
+    assert no.value.exit_code == 2
+
+
 def test_an_index_beyond_the_archive_is_refused_with_what_it_holds(spark, tmp_path):
     url = (tmp_path / "archive").as_uri()
     log = write_archive(url, "old", history(1, 40))
@@ -107,6 +150,83 @@ def test_the_command_prints_one_json_line_and_refuses_in_one_line(tmp_path):
     assert twice.returncode == 2 and "already holds a cluster 'copy'" in twice.stderr
     several = pipeline("snapshot-at", "--archive", url, "--index", "5")
     assert several.returncode == 1 and "pick one with --cluster-id" in several.stderr
+    late = pipeline("snapshot-at", "--archive", url, "--cluster-id", "old", "--time",
+                    format_ms(log[-1].ts_ms + 1))
+    assert late.returncode == 4, late.stderr
+    assert "after the last archived entry; restorable times are 1970-01-01T00:00:01.000Z " \
+           f"(index 1) to {format_ms(log[-1].ts_ms)} (index {len(log)})" in late.stderr
+    assert len(late.stderr.strip().splitlines()) == 1, late.stderr
+    early = pipeline("snapshot-at", "--archive", url, "--cluster-id", "old", "--time",
+                     "1970-01-01T00:00:01Z", "--exclusive", "--dry-run")
+    assert early.returncode == 4 and "no archived entry is stamped before it" in early.stderr
+    by_time = pipeline("snapshot-at", "--archive", url, "--cluster-id", "old", "--time",
+                       "1970-01-01T00:00:05.5+00:00", "--dry-run")
+    assert by_time.returncode == 0, by_time.stderr
+    assert '"requested_time": "1970-01-01T00:00:05.500Z"' in by_time.stdout
+    assert '"index": 5,' in by_time.stdout  # entry n + 2 (command n) is stamped n + 2 s
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--index", "3", "--time", "2026-11-25T17:00:00Z"], "not allowed with argument"),
+    (["--time", "2026-11-25T17:00:00"], "not an RFC 3339 time with an offset"),
+    (["--time", "yesterday"], "like 2026-11-25T17:00:00.250Z"),
+    (["--index", "3", "--exclusive"], "--exclusive goes with --time"),
+    ([], "one of the arguments --index --time is required"),
+    (["--index", "0"], "expected a whole number >= 1"),
+    (["--index", "3", "--to-cluster-id", "../x"], "--to-cluster-id"),
+    (["--index", "3", "--to-cluster-id", "old"], "is the source cluster itself"),
+])
+def test_bad_flags_exit_2_in_one_line(tmp_path, argv, says):
+    url = (tmp_path / "archive").as_uri()
+    write_archive(url, "old", history(8, 10))
+    done = subprocess.run([sys.executable, "-m", "flotilla", "pipeline", "snapshot-at",
+                           "--archive", url, "--dry-run", *argv],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert says in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_what_is_not_in_the_archive_is_named_in_one_line(tmp_path):
+    """No manifest at all; a cluster id the archive does not hold (the ones it holds are
+    listed)."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    url = (tmp_path / "archive").as_uri()
+    write_archive(url, "old", history(9, 10))
+    for argv, says in [
+        (["--archive", empty.as_uri()], "holds no archived cluster; check the --archive URL"),
+        (["--archive", url, "--cluster-id", "nope"],
+         "holds no cluster 'nope' (it holds: old); check --cluster-id"),
+    ]:
+        done = subprocess.run([sys.executable, "-m", "flotilla", "pipeline", "snapshot-at",
+                               "--index", "3", *argv], capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 1, done.stderr
+        assert says in done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_a_missing_java_or_pyspark_is_named_with_what_to_install(tmp_path):
+    url = (tmp_path / "archive").as_uri()
+    write_archive(url, "old", history(10, 10))
+    argv = ["snapshot-at", "--archive", url, "--index", "3"]
+    env = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"}
+    env["PATH"] = os.path.dirname(sys.executable)  # no java on it
+    no_java = subprocess.run([sys.executable, "-m", "flotilla", "pipeline", *argv], env=env,
+                             capture_output=True, text=True, timeout=60)
+    assert no_java.returncode == 2, no_java.stderr
+    assert no_java.stderr.strip() == (
+        "flotilla pipeline: Spark needs a Java runtime (17 or 21) and none was found: install "
+        "one (Debian: apt-get install openjdk-17-jre-headless) or set JAVA_HOME")
+    # Without the extra, pyspark does not import (None in sys.modules makes import fail).
+    script = ("import sys; sys.modules['pyspark'] = None; "
+              "from flotilla.cli import main; sys.exit(main(['pipeline', *sys.argv[1:]]))")
+    no_extra = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True,
+                              text=True, timeout=60)
+    assert no_extra.returncode == 2, no_extra.stderr
+    assert no_extra.stderr.strip() == (
+        "flotilla pipeline: the pipeline needs PySpark: pip install 'flotilla[pipeline]'")
 
 
 def test_a_corrupt_segment_fails_naming_the_object(spark, tmp_path):
