@@ -67,6 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
                              "last entry stamped at or before T")
     p.add_argument("--exclusive", action="store_true",
                    help="with --time: the last entry stamped before T")
+    p.add_argument("--state-machine", default="kv", metavar="SPEC",
+                   help="the cluster's state machine, module:Class (default kv, the built-in "
+                        "key-value machine, folded in parallel; any other is replayed in one "
+                        "task)")
+    p.add_argument("--sequential", action="store_true",
+                   help="replay in one task even for the key-value machine")
     p.add_argument("--to-cluster-id", default=None, help="the new cluster's id")
     p.add_argument("--dry-run", action="store_true",
                    help="print the plan (base snapshot, segments, bytes) and stop")
@@ -112,7 +118,8 @@ def _run(args: argparse.Namespace) -> int:
         if args.exclusive and args.time is None:
             raise PipelineError("--exclusive goes with --time", EXIT_USAGE)
         job = prepare(ref, args.index, args.to_cluster_id, time_ms=args.time,
-                      exclusive=args.exclusive)
+                      exclusive=args.exclusive, machine=args.state_machine,
+                      sequential=args.sequential)
         if args.dry_run:
             print(json.dumps(job.describe()))
             return EXIT_OK

@@ -40,11 +40,13 @@ from flotilla.node.archive.protocol import sha256_of_file
 from flotilla.node.archive.restore import RestorePlan, resolve_cluster_id
 from flotilla.node.consensus import EntryKind, Membership, SnapshotMeta
 from flotilla.node.consensus.types import EMPTY_MEMBERSHIP
+from flotilla.node.statemachine import StateMachineLoadError, load_state_machine
 from flotilla.node.statemachine.kv import KVStateMachine, packer
 from flotilla.node.statemachine.sessions import Session
 from flotilla.node.storage import PayloadReader, SnapshotStore
 
 from .kvfold import Op, SessionSketch, assemble_payload, finish_session, fold_client, fold_key
+from .replay import replay_snapshot
 from .source import BAD, DELETE, OPS_SCHEMA, PUT, ArchiveRef, decode_segments, key_text
 from .spark import PipelineError
 
@@ -93,11 +95,19 @@ class Prepared:
     time_ms: int | None = None  # the --time asked for, if any
     exclusive: bool = False
     existing: SnapshotRecord | None = None  # the target's snapshot from an earlier run
+    machine: str = "kv"  # the state machine's spec (`module:Class`, or kv)
+    sequential: bool = False  # one replay task instead of the key-value fold
+
+    @property
+    def folds(self) -> bool:
+        return self.machine == "kv" and not self.sequential
 
     def describe(self) -> dict[str, Any]:
         asked = {} if self.time_ms is None else {
             "requested_time": format_ms(self.time_ms), "exclusive": self.exclusive}
         return {"cluster_id": self.ref.cluster_id, "to_cluster_id": self.target, **asked,
+                "state_machine": self.machine,
+                "engine": "fold by key" if self.folds else "one sequential replay",
                 **_describe(self.plan)}
 
 
@@ -111,11 +121,18 @@ def resolve_index(cluster: ClusterArchive, time_ms: int, exclusive: bool = False
 
 
 def prepare(ref: ArchiveRef, index: int | None, to_cluster_id: str | None = None, *,
-            time_ms: int | None = None, exclusive: bool = False) -> Prepared:
+            time_ms: int | None = None, exclusive: bool = False, machine: str = "kv",
+            sequential: bool = False) -> Prepared:
     """Check a snapshot-at job: exactly one of `index` and `time_ms` (ms since the epoch; the
-    last entry stamped at or before it, or before it when `exclusive`)."""
+    last entry stamped at or before it, or before it when `exclusive`); `machine` is the
+    state machine's spec (the key-value machine folds in parallel, any other replays in one
+    task, as does `sequential`)."""
     if (index is None) == (time_ms is None):
         raise PipelineError("give exactly one of --index and --time", 2)
+    try:
+        load_state_machine(machine)
+    except StateMachineLoadError as exc:
+        raise PipelineError(f"--state-machine: {exc}", 2) from None
     archive = open_archive(ref.url, endpoint=ref.s3_endpoint, region=ref.s3_region)
     try:
         cluster_id = resolve_cluster_id(archive, ref.cluster_id, id_flag="--cluster-id",
@@ -135,7 +152,7 @@ def prepare(ref: ArchiveRef, index: int | None, to_cluster_id: str | None = None
             raise PipelineError(f"--to-cluster-id {target!r} is the source cluster itself: "
                                 "pick a new id", 2)
         existing = _earlier_result(ClusterArchive(archive, target), index, ref.url)
-        return Prepared(ref, plan, target, time_ms, exclusive, existing)
+        return Prepared(ref, plan, target, time_ms, exclusive, existing, machine, sequential)
     except ArchiveError as exc:
         raise PipelineError(f"cannot read {ref.url}: {exc}") from None
     finally:
@@ -159,20 +176,25 @@ def _earlier_result(out: ClusterArchive, index: int, url: str) -> SnapshotRecord
 def snapshot_at(spark: Any, ref: ArchiveRef, index: int | None = None, *,
                 to_cluster_id: str | None = None, tasks: int | None = None,
                 prepared: Prepared | None = None, time_ms: int | None = None,
-                exclusive: bool = False) -> SnapshotAtResult:
+                exclusive: bool = False, machine: str = "kv",
+                sequential: bool = False) -> SnapshotAtResult:
     """Synthesize the state at `index` (or after the last entry stamped at or before
     `time_ms`) and publish it as a new cluster. Running it again with the same target gives
     the same result: the bytes are compared, never overwritten."""
-    job = prepared or prepare(ref, index, to_cluster_id, time_ms=time_ms, exclusive=exclusive)
+    job = prepared or prepare(ref, index, to_cluster_id, time_ms=time_ms, exclusive=exclusive,
+                              machine=machine, sequential=sequential)
     ref, plan, target = job.ref, job.plan, job.target
     archive = open_archive(ref.url, endpoint=ref.s3_endpoint, region=ref.s3_region)
     try:
         cluster = ClusterArchive(archive, ref.cluster_id)
         with tempfile.TemporaryDirectory(prefix="flotilla-snapshot-at-") as work:
-            base_meta, base = _read_base(cluster, plan, Path(work))
-            ops = _ops(spark, ref, plan, tasks)
-            meta = _meta_at(ops, plan, base_meta)
-            path = _synthesize(spark, ref, plan, ops, meta, base, Path(work))
+            if job.folds:
+                base_meta, base = _read_base(cluster, plan, Path(work))
+                ops = _ops(spark, ref, plan, tasks)
+                meta = _meta_at(ops, plan, base_meta)
+                path = _synthesize(spark, ref, plan, ops, meta, base, Path(work))
+            else:
+                path, meta = replay_snapshot(spark, ref, plan, job.machine, Path(work))
             out = ClusterArchive(archive, target)
             if job.existing is not None:
                 record = job.existing
@@ -225,6 +247,10 @@ def _read_base(cluster: ClusterArchive, plan: RestorePlan,
     meta = cluster.download_snapshot(plan.snapshot, path)
     sm = KVStateMachine()
     with PayloadReader(path) as payload:
+        if payload.kind != sm.kind:
+            raise PipelineError(f"{cluster.location(plan.snapshot)} is a snapshot of the "
+                                f"{payload.kind!r} machine, not of the key-value machine: "
+                                "pass that machine's --state-machine module:Class", 2)
         sm.restore(payload)
     sessions = {s.client: s for s in sm.sessions()}
     return meta, _Base(sm.applied_index, sm.clock, sm.session_ttl_ms, sm.session_window,

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import io
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from flotilla.node.archive import ClusterArchive, open_archive
 from flotilla.node.consensus import Entry, EntryKind, Membership, SnapshotMeta
@@ -21,7 +22,7 @@ VOTERS = Membership(voters=frozenset({"n1", "n2", "n3"}),
 
 def write_archive(url: str, cluster_id: str, commands: Sequence[bytes], *,
                   snapshot_at: Sequence[int] = (), segment_entries: int = 50,
-                  term: int = 2) -> list[Entry]:
+                  term: int = 2, machine: Callable[[], Any] = KVStateMachine) -> list[Entry]:
     """Archive a log: a membership entry at 1, then one normal entry per command (a no-op
     after every 17th, as leader changes leave them), in segments of `segment_entries`, with a
     snapshot (as a member writes it) at each index of `snapshot_at`. Returns the log."""
@@ -37,7 +38,7 @@ def write_archive(url: str, cluster_id: str, commands: Sequence[bytes], *,
             cluster.upload_segment(log[start:start + segment_entries])
         with tempfile.TemporaryDirectory() as tmp:
             for index in snapshot_at:
-                path = member_snapshot(log, index, Path(tmp) / str(index))
+                path = member_snapshot(log, index, Path(tmp) / str(index), machine)
                 entry = log[index - 1]
                 cluster.upload_snapshot(path, SnapshotMeta(index, entry.term, VOTERS,
                                                            entry.ts_ms))
@@ -47,8 +48,9 @@ def write_archive(url: str, cluster_id: str, commands: Sequence[bytes], *,
     return log
 
 
-def member_snapshot(log: Sequence[Entry], index: int, directory: Path) -> Path:
-    sm = KVStateMachine()
+def member_snapshot(log: Sequence[Entry], index: int, directory: Path,
+                    machine: Callable[[], Any] = KVStateMachine) -> Path:
+    sm = machine()
     for entry in log[:index]:
         if entry.kind == EntryKind.NORMAL:
             sm.apply(entry.index, entry.data)
@@ -58,13 +60,14 @@ def member_snapshot(log: Sequence[Entry], index: int, directory: Path) -> Path:
                       sm.write_snapshot)
 
 
-def replayed_payload(url: str, cluster_id: str, index: int) -> bytes:
+def replayed_payload(url: str, cluster_id: str, index: int,
+                     machine: Callable[[], Any] = KVStateMachine) -> bytes:
     """What the node's restore builds at `index`: its plan, its machine, its bytes."""
     archive = open_archive(url)
     try:
         with tempfile.TemporaryDirectory() as work:
             prepared = ClusterArchive(archive, cluster_id).prepare_restore(work, index)
-            sm = KVStateMachine()
+            sm = machine()
             if prepared.snapshot_path is not None:
                 with PayloadReader(prepared.snapshot_path) as p:
                     sm.restore(p)

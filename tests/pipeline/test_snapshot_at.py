@@ -18,6 +18,7 @@ from flotilla.pipeline.source import ArchiveRef
 from flotilla.pipeline.spark import PipelineError
 
 from tests.pipeline.archives import published_payload, replayed_payload, write_archive
+from tests.pipeline.ledger import Ledger
 
 KEYS = ["a", "b", "k\ud800", "\U0001f600", "", "z" * 40]
 CLIENTS = ["c1", "c2", "x\udfff"]
@@ -112,6 +113,66 @@ def test_a_rerun_gives_the_same_result_and_an_id_is_never_reused_for_other_data(
     assert no.value.exit_code == 2
 
 
+@pytest.mark.parametrize("seed", [20, 21])
+def test_the_sequential_replay_gives_the_folds_bytes(spark, tmp_path, seed):
+    rng = random.Random(seed)
+    url = (tmp_path / "archive").as_uri()
+    log = write_archive(url, "old", history(seed, 200), snapshot_at=[rng.randrange(2, 150)],
+                        segment_entries=40)
+    index = rng.randrange(150, len(log) + 1)
+    result = snapshot_at(spark, ArchiveRef(url, "old"), index, sequential=True)
+    meta, payload = published_payload(url, result.cluster_id)
+    assert (meta.index, meta.term, meta.ts_ms) == (index, log[index - 1].term,
+                                                   log[index - 1].ts_ms)
+    assert payload == replayed_payload(url, "old", index)
+
+
+def ledger_commands(seed: int, count: int) -> list[bytes]:
+    rng = random.Random(seed)
+    names = ["ann", "bob", "cy"]
+    out = []
+    for _ in range(count):
+        roll = rng.random()
+        if roll < 0.4:
+            out.append(f"deposit {rng.choice(names)} {rng.randrange(100)}".encode())
+        elif roll < 0.8:
+            out.append(f"transfer {rng.choice(names)} {rng.choice(names)} "
+                       f"{rng.randrange(80)}".encode())
+        elif roll < 0.95:
+            out.append(f"interest {rng.randrange(1, 9)}".encode())
+        else:
+            out.append(b"\xffjunk")
+    return out
+
+
+def test_a_users_state_machine_is_replayed_in_one_task_to_the_members_bytes(spark, tmp_path):
+    url = (tmp_path / "archive").as_uri()
+    log = write_archive(url, "books", ledger_commands(1, 300), snapshot_at=[90, 200],
+                        segment_entries=37, machine=Ledger)
+    spec = "tests.pipeline.ledger:Ledger"
+    for index in (150, len(log)):
+        result = snapshot_at(spark, ArchiveRef(url, "books"), index, machine=spec)
+        meta, payload = published_payload(url, result.cluster_id)
+        assert (meta.index, meta.ts_ms) == (index, log[index - 1].ts_ms)
+        assert payload == replayed_payload(url, "books", index, Ledger)
+        assert b'"balances"' in payload
+    # The built-in machine cannot read the ledger's snapshots, nor the ledger the built-in's.
+    with pytest.raises(PipelineError, match=r"snapshots/\S+ is a snapshot of the 'ledger' "
+                                             "machine, not of the key-value machine"):
+        snapshot_at(spark, ArchiveRef(url, "books"), 120, to_cluster_id="wrong")
+
+
+def test_a_snapshot_of_another_machine_is_refused_naming_it(spark, tmp_path):
+    from flotilla.pipeline.spark import task_failure
+
+    url = (tmp_path / "archive").as_uri()
+    write_archive(url, "old", history(22, 60), snapshot_at=[30])
+    with pytest.raises(Exception) as wrong:
+        snapshot_at(spark, ArchiveRef(url, "old"), 50, machine="tests.pipeline.ledger:Ledger")
+    why = task_failure(wrong.value) or str(wrong.value)
+    assert "is a snapshot of the 'kv' machine, not of 'tests.pipeline.ledger:Ledger'" in why
+
+
 def test_an_index_beyond_the_archive_is_refused_with_what_it_holds(spark, tmp_path):
     url = (tmp_path / "archive").as_uri()
     log = write_archive(url, "old", history(1, 40))
@@ -175,6 +236,7 @@ def test_the_command_prints_one_json_line_and_refuses_in_one_line(tmp_path):
     (["--index", "0"], "expected a whole number >= 1"),
     (["--index", "3", "--to-cluster-id", "../x"], "--to-cluster-id"),
     (["--index", "3", "--to-cluster-id", "old"], "is the source cluster itself"),
+    (["--index", "3", "--state-machine", "nowhere.at.all:X"], "cannot import module"),
 ])
 def test_bad_flags_exit_2_in_one_line(tmp_path, argv, says):
     url = (tmp_path / "archive").as_uri()
