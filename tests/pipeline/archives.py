@@ -16,13 +16,15 @@ from flotilla.node.consensus import Entry, EntryKind, Membership, SnapshotMeta
 from flotilla.node.statemachine.kv import KVStateMachine
 from flotilla.node.storage import PayloadReader, SnapshotStore
 
+REGION = "us-east-1"
 VOTERS = Membership(voters=frozenset({"n1", "n2", "n3"}),
                     addresses=(("n1", "http://a:1"), ("n2", "http://b:1"), ("n3", "http://c:1")))
 
 
 def write_archive(url: str, cluster_id: str, commands: Sequence[bytes], *,
                   snapshot_at: Sequence[int] = (), segment_entries: int = 50,
-                  term: int = 2, machine: Callable[[], Any] = KVStateMachine) -> list[Entry]:
+                  term: int = 2, machine: Callable[[], Any] = KVStateMachine,
+                  endpoint: str | None = None) -> list[Entry]:
     """Archive a log: a membership entry at 1, then one normal entry per command (a no-op
     after every 17th, as leader changes leave them), in segments of `segment_entries`, with a
     snapshot (as a member writes it) at each index of `snapshot_at`. Returns the log."""
@@ -31,7 +33,7 @@ def write_archive(url: str, cluster_id: str, commands: Sequence[bytes], *,
         log.append(Entry(len(log) + 1, term, EntryKind.NORMAL, data, 1_000 * (n + 2)))
         if n % 17 == 16:
             log.append(Entry(len(log) + 1, term, EntryKind.NOOP, b"", 1_000 * (n + 2)))
-    archive = open_archive(url)
+    archive = open_archive(url, endpoint=endpoint, region=endpoint and REGION)
     try:
         cluster = ClusterArchive(archive, cluster_id)
         for start in range(0, len(log), segment_entries):
@@ -61,9 +63,10 @@ def member_snapshot(log: Sequence[Entry], index: int, directory: Path,
 
 
 def replayed_payload(url: str, cluster_id: str, index: int,
-                     machine: Callable[[], Any] = KVStateMachine) -> bytes:
+                     machine: Callable[[], Any] = KVStateMachine,
+                     endpoint: str | None = None) -> bytes:
     """What the node's restore builds at `index`: its plan, its machine, its bytes."""
-    archive = open_archive(url)
+    archive = open_archive(url, endpoint=endpoint, region=endpoint and REGION)
     try:
         with tempfile.TemporaryDirectory() as work:
             prepared = ClusterArchive(archive, cluster_id).prepare_restore(work, index)
@@ -81,9 +84,10 @@ def replayed_payload(url: str, cluster_id: str, index: int,
         archive.close()
 
 
-def published_payload(url: str, cluster_id: str) -> tuple[SnapshotMeta, bytes]:
+def published_payload(url: str, cluster_id: str,
+                      endpoint: str | None = None) -> tuple[SnapshotMeta, bytes]:
     """The newest snapshot of `cluster_id` in the archive: its metadata and payload."""
-    archive = open_archive(url)
+    archive = open_archive(url, endpoint=endpoint, region=endpoint and REGION)
     try:
         cluster = ClusterArchive(archive, cluster_id)
         manifest = cluster.manifest()

@@ -1,21 +1,5 @@
-"""One Spark session for the whole test run: starting one costs 8-15 s here."""
+"""The pipeline tests' fixtures: the session's Spark (tests/conftest.py), and real clusters
+archiving to a real moto_server, as the process-level archive tests run them."""
 
-from __future__ import annotations
-
-from collections.abc import Iterator
-from typing import Any
-
-import pytest
-
-
-@pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
-    pytest.importorskip("pyspark", reason="the pipeline extra is not installed: "
-                        "pip install 'flotilla[pipeline]'")
-    from flotilla.pipeline.spark import spark_session
-
-    session = spark_session("local[2]", app="flotilla-tests")
-    try:
-        yield session
-    finally:
-        session.stop()
+from tests.archive_node.conftest import moto_s3, node_aws_env, s3_store  # noqa: F401
+from tests.harness.fixtures import local_cluster  # noqa: F401 (a fixture)
