@@ -1,6 +1,7 @@
 """`flotilla pipeline JOB`: Spark jobs over a cluster's archive.
 
-Each job prints one JSON line last. Exit codes: 0 done; 1 the job failed (one line on stderr);
+Each job prints one JSON line last. Runs as `flotilla pipeline JOB ...`, or as a file handed to
+`spark-submit` (it imports nothing relative, so it runs as a script). Exit codes: 0 done; 1 the job failed (one line on stderr);
 2 bad flags, or something missing to run at all (PySpark, Java); 4 a target outside the
 archive (the message names what the archive can give).
 """
@@ -12,7 +13,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-from .spark import PipelineError
+from flotilla.pipeline.spark import PipelineError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_OUTSIDE = 0, 1, 2, 4
 
@@ -48,8 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the cluster in the archive (default: the only one there)")
     common.add_argument("--s3-endpoint", default=None, help="S3-compatible endpoint URL")
     common.add_argument("--s3-region", default=None, help="S3 region")
-    common.add_argument("--master", default="local[*]",
-                        help="Spark master URL (default local[*])")
+    common.add_argument("--master", default=None,
+                        help="Spark master URL (default local[*], or the one spark-submit "
+                             "was given)")
 
     p = jobs.add_parser("snapshot-at", parents=[common],
                         help="the exact state at an index or a time, published as a new "
@@ -88,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"flotilla pipeline: {exc}", file=sys.stderr)
         return exc.exit_code
     except Exception as exc:
-        from .spark import task_failure
+        from flotilla.pipeline.spark import task_failure
 
         why = task_failure(exc)
         if why is None:
@@ -104,8 +106,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     from flotilla.node.archive.urls import normalize_archive_url
 
-    from .source import ArchiveRef
-    from .spark import spark_session
+    from flotilla.pipeline.source import ArchiveRef
+    from flotilla.pipeline.spark import spark_session
 
     try:
         url = normalize_archive_url(args.archive)
@@ -113,7 +115,7 @@ def _run(args: argparse.Namespace) -> int:
         raise PipelineError(f"--archive: {exc}", EXIT_USAGE) from None
     ref = ArchiveRef(url, args.cluster_id, args.s3_endpoint, args.s3_region)
     if args.job == "snapshot-at":
-        from .snapshot_at import prepare, snapshot_at
+        from flotilla.pipeline.snapshot_at import prepare, snapshot_at
 
         if args.exclusive and args.time is None:
             raise PipelineError("--exclusive goes with --time", EXIT_USAGE)

@@ -41,9 +41,13 @@ def _require_java() -> None:
                         "(Debian: apt-get install openjdk-17-jre-headless) or set JAVA_HOME", 2)
 
 
-def spark_session(master: str = "local[*]", app: str = "flotilla-pipeline") -> Any:
-    """A Spark session on `master` (any Spark master URL; `local[*]` by default). Local mode
-    binds to loopback unless SPARK_LOCAL_IP says otherwise."""
+def spark_session(master: str | None = "local[*]", app: str = "flotilla-pipeline") -> Any:
+    """A Spark session on `master` (any Spark master URL). None: the master spark-submit was
+    given when it launched this driver, else `local[*]`. Local mode binds to loopback unless
+    SPARK_LOCAL_IP says otherwise."""
+    submitted = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit started the JVM already
+    if master is None and not submitted:
+        master = "local[*]"
     _require_pyspark()
     _require_java()
     # The driver's JVM starts before any session config applies: its log4j2 settings go
@@ -51,7 +55,7 @@ def spark_session(master: str = "local[*]", app: str = "flotilla-pipeline") -> A
     opts = os.environ.get("SPARK_SUBMIT_OPTS", "")
     if "log4j.configurationFile" not in opts:
         os.environ["SPARK_SUBMIT_OPTS"] = f"{opts} -Dlog4j.configurationFile={LOG_CONFIG}".strip()
-    if master.startswith("local"):
+    if master is not None and master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         # Workers run this interpreter, which has flotilla installed; elsewhere the cluster's
         # image decides (the project's image has it).
@@ -59,10 +63,15 @@ def spark_session(master: str = "local[*]", app: str = "flotilla-pipeline") -> A
     from pyspark.sql import SparkSession
 
     logging.getLogger("py4j").setLevel(logging.WARNING)
-    builder = (SparkSession.builder.master(master).appName(app)
+    builder = SparkSession.builder.appName(app)
+    if master is not None:
+        builder = builder.master(master)
+    builder = (builder
                .config("spark.ui.enabled", "false")
                .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-               .config("spark.sql.shuffle.partitions", str(max(2, os.cpu_count() or 2)))
+               .config("spark.sql.shuffle.partitions",
+                       str(max(2, os.cpu_count() or 2)) if master and master.startswith("local")
+                       else "200")
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.driver.extraJavaOptions",
                        f"-Dlog4j.configurationFile={LOG_CONFIG}")
@@ -71,7 +80,7 @@ def spark_session(master: str = "local[*]", app: str = "flotilla-pipeline") -> A
     try:
         session = builder.getOrCreate()
     except Exception as exc:  # the JVM did not start: the first line of its complaint
-        raise PipelineError(f"Spark did not start on {master}: "
+        raise PipelineError(f"Spark did not start on {master or 'the submitted master'}: "
                             f"{str(exc).strip().splitlines()[0]}") from None
     session.sparkContext.setLogLevel("ERROR")
     return session

@@ -303,3 +303,25 @@ def test_a_corrupt_segment_fails_naming_the_object(spark, tmp_path):
     from flotilla.pipeline.spark import task_failure
 
     assert victim.name in (task_failure(failed.value) or str(failed.value))
+
+
+def test_spark_submit_runs_the_job_file_on_the_master_it_was_given(tmp_path):
+    """The documented way onto a Spark cluster: `spark-submit --master M <the job file> JOB`.
+    The job takes spark-submit's master (no --master of its own) and prints its JSON line."""
+    pytest.importorskip("pyspark")
+    from flotilla.pipeline import main as job_file
+
+    submit = Path(sys.executable).with_name("spark-submit")
+    if not submit.exists():
+        pytest.skip(f"no spark-submit beside {sys.executable}")
+    url = (tmp_path / "archive").as_uri()
+    log = write_archive(url, "old", history(11, 120), snapshot_at=[40])
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
+    done = subprocess.run([str(submit), "--master", "local[1]", job_file.__file__,
+                           "snapshot-at", "--archive", url, "--index", str(len(log) - 3)],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = done.stdout.strip().splitlines()[-1]
+    assert line.startswith(f'{{"cluster_id": "old-at-{len(log) - 3}"'), done.stdout
+    _, payload = published_payload(url, f"old-at-{len(log) - 3}")
+    assert payload == replayed_payload(url, "old", len(log) - 3)
