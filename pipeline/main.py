@@ -1,8 +1,8 @@
 """`flotilla pipeline JOB`: Spark jobs over a cluster's archive.
 
 Each job prints one JSON line last. Runs as `flotilla pipeline JOB ...`, or as a file handed to
-`spark-submit` (it imports nothing relative, so it runs as a script). Exit codes: 0 done; 1 the job failed (one line on stderr);
-2 bad flags, or something missing to run at all (PySpark, Java); 4 a target outside the
+`spark-submit` (it imports nothing relative, so it runs as a script). Exit codes: 0 done; 1
+the job failed (one line on stderr); 2 bad flags, or something missing to run at all (PySpark, Java); 4 a target outside the
 archive (the message names what the archive can give).
 """
 
