@@ -2,8 +2,8 @@
 
 Each job prints one JSON line last. Runs as `flotilla pipeline JOB ...`, or as a file handed to
 `spark-submit` (it imports nothing relative, so it runs as a script). Exit codes: 0 done; 1
-the job failed (one line on stderr); 2 bad flags, or something missing to run at all (PySpark, Java); 4 a target outside the
-archive (the message names what the archive can give).
+the job failed (one line on stderr); 2 bad flags, or something missing to run at all (PySpark,
+Java); 4 a target outside the archive (the message names what the archive can give).
 """
 
 from __future__ import annotations
@@ -105,7 +105,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from flotilla.node.archive.urls import normalize_archive_url
-
     from flotilla.pipeline.source import ArchiveRef
     from flotilla.pipeline.spark import spark_session
 
