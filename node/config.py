@@ -158,7 +158,7 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> NodeConf
                              "and AWS_SECRET_ACCESS_KEY in the environment instead")
     restore_index = raw["restore_index"]
     if restore_index is not None:
-        restore_index = _positive_int(restore_index, "--restore-index", 0, minimum=0)
+        restore_index = _positive_int(restore_index, "--restore-index", 1)
     restore_time = _restore_time(raw["restore_time"], raw["restore_from"], restore_index)
     return NodeConfig(
         name=raw["name"],
