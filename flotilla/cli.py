@@ -2,7 +2,8 @@
 
 Exit codes: 0 on success; 1 when the command could not do its job (key not found, no leader,
 nothing answering, a cluster already running...), with one line on stderr; 2 for bad usage
-(a flag, argument or environment variable the command cannot take), also one line on stderr.
+(a flag, argument or environment variable the command cannot take), also one line on stderr;
+4 when `up --restore-from` asks for an index or time outside the archive (nothing started).
 No input ends in a traceback: an error is a sentence saying what to do next.
 """
 
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_OUTSIDE = 0, 1, 2, 4
 
 
 DESCRIPTION = "Flotilla: Raft replicated-state-machine clusters."
@@ -35,7 +36,7 @@ Output: status, kv ls and member list take -o json|yaml|table (status --json = -
 Shell completion: source <(flotilla completion bash), or zsh.
 
 Exit codes: 0 success; 1 the command failed (one line on stderr); 2 bad usage (one line on
-stderr).
+stderr); 4 a restore target outside the archive (up --restore-index/--restore-time).
 """
 
 
@@ -106,6 +107,16 @@ def _seconds(text: str) -> float:
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, not {text!r}")
     return value
+
+
+def _time(text: str) -> int:
+    """An RFC 3339 time with an offset, as ms since the epoch (the node's own parser)."""
+    from flotilla.node.archive import parse_time
+
+    try:
+        return parse_time(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _key(text: str) -> str:
@@ -195,9 +206,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "file:///path (default file://DIR/archive)")
     p.add_argument("--restore-from", default=None,
                    help="a new cluster starts from this archive (the --archive URL an old "
-                        "cluster used): its newest state, or --restore-index N")
-    p.add_argument("--restore-index", type=_positive, default=None,
-                   help="with --restore-from: exactly the state at this log index")
+                        "cluster used): its newest state, --restore-index N or "
+                        "--restore-time T")
+    point = p.add_mutually_exclusive_group()
+    point.add_argument("--restore-index", type=_positive, default=None,
+                       help="with --restore-from: exactly the state at this log index")
+    point.add_argument("--restore-time", type=_time, default=None, metavar="T",
+                       help="with --restore-from: the state after the last entry stamped at "
+                            "or before T, an RFC 3339 time such as 2026-11-25T17:00:00.250Z "
+                            "(exit 4, naming the restorable times, when the archive has none)")
     p.add_argument("--election-timeout-ms", type=_positive, default=1000,
                    help="members' election timeout (default 1000)")
     p.add_argument("--heartbeat-ms", type=_positive, default=100,
@@ -388,7 +405,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     from flotilla.client import FlotillaError
-    from flotilla.local import BadOption, LocalClusterError
+    from flotilla.local import BadOption, LocalClusterError, OutsideArchive
 
     try:
         _locate(args, os.environ)
@@ -399,6 +416,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BadOption as exc:  # an option local.py cannot start a cluster with
         _fail(args, str(exc))
         return EXIT_USAGE
+    except OutsideArchive as exc:  # a restore target the archive cannot give
+        _fail(args, str(exc))
+        return EXIT_OUTSIDE
     except (CommandError, FlotillaError, LocalClusterError) as exc:
         _fail(args, _explain(args, exc))
         return EXIT_FAILED
@@ -523,7 +543,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         root, args.replicas, election_timeout_ms=args.election_timeout_ms,
         heartbeat_ms=args.heartbeat_ms, archive=args.archive, base_port=args.base_port,
         timeout=args.timeout, say=_say, restore_from=args.restore_from,
-        restore_index=args.restore_index)
+        restore_index=args.restore_index, restore_time=args.restore_time)
     state = cluster.state
     verb = "resumed" if resuming else "started"
     _say(f"{verb} {len(cluster.members)} members in {root} (cluster id {state.cluster_id})")
@@ -532,6 +552,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         _say(f"  {m.name:<{width}}  {m.client_url}  pid {m.pid}  log {_rel(m.log_file)}")
     for note in state.notes:
         _say(f"note: {note}")
+    if cluster.restored is not None:
+        _say(f"restored: {cluster.restored.describe()}")
     _say(f"leader: {leader}")
     _say(f"endpoints: {','.join(cluster.endpoints)}")
     return EXIT_OK

@@ -48,6 +48,8 @@ __all__ = [
     "LocalClusterError",
     "Member",
     "NoCluster",
+    "OutsideArchive",
+    "RestoreTarget",
     "archive_url",
     "default_archive_url",
     "locked",
@@ -80,6 +82,34 @@ class AlreadyRunning(LocalClusterError):
 
 class BadOption(LocalClusterError):
     """An option the cluster cannot be started with (a usage error: exit 2)."""
+
+
+class OutsideArchive(LocalClusterError):
+    """The restore target (`--restore-index`, `--restore-time`) is not in the archive: exit 4,
+    before any member starts; the message names what the archive can restore."""
+
+
+@dataclass(frozen=True)
+class RestoreTarget:
+    """What a new cluster restores, as checked against the archive before its members start
+    (every member then settles the same index: it is a pure function of the archived log)."""
+
+    url: str
+    cluster_id: str  # the old cluster in the archive
+    index: int  # the index restored
+    requested_index: int | None = None  # --restore-index
+    ts_ms: int | None = None  # --restore-time, ms since the epoch
+
+    def describe(self) -> str:
+        from flotilla.node.archive import format_ms
+
+        source = f"cluster {self.cluster_id} from {self.url}"
+        if self.ts_ms is not None:
+            return (f"the state at {format_ms(self.ts_ms)}: index {self.index}, the last entry "
+                    f"stamped at or before it, of {source}")
+        if self.requested_index is not None:
+            return f"the state at index {self.index} of {source}"
+        return f"the newest archived state, index {self.index}, of {source}"
 
 
 class _BindFailed(LocalClusterError):
@@ -281,6 +311,8 @@ class LocalCluster:
             m.data_dir = str(self.root / m.data_dir)
             m.log_file = str(self.root / m.log_file)
         self._procs: dict[str, subprocess.Popen] = {}
+        #: What `up` restored this cluster from, when it has just done so.
+        self.restored: RestoreTarget | None = None
 
     # --- the state file -------------------------------------------------------------------
 
@@ -320,10 +352,12 @@ class LocalCluster:
         cluster_id: str | None = None,
         restore_from: str | None = None,
         restore_index: int | None = None,
+        restore_time: int | None = None,
     ) -> LocalCluster:
         """Write the state file of a new cluster (nothing is started). ``archive`` None means
         the default archive under ``root``; ``base_port`` pins ports (peers at base+i, clients
-        at base+10+i) instead of picking free ones."""
+        at base+10+i) instead of picking free ones. ``restore_time`` is in ms since the
+        epoch."""
         if not 1 <= replicas <= (10 if base_port else 99):
             raise LocalClusterError(f"--replicas must be between 1 and "
                                     f"{10 if base_port else 99}, not {replicas}")
@@ -371,6 +405,10 @@ class LocalCluster:
                 args += ["--restore-from", restore_from]
                 if restore_index is not None:
                     args += ["--restore-index", str(restore_index)]
+                if restore_time is not None:
+                    from flotilla.node.archive import format_ms
+
+                    args += ["--restore-time", format_ms(restore_time)]
             members.append(Member(name, peer, client, data_dir, str(root / f"{name}.log"),
                                   args))
         state = ClusterState(
@@ -678,24 +716,36 @@ def up(
     say: Callable[[str], None] = lambda _text: None,
     restore_from: str | None = None,
     restore_index: int | None = None,
+    restore_time: int | None = None,
 ) -> tuple[LocalCluster, str]:
     """Start the cluster in ``root`` (a new one, or the stopped one recorded there) and return
     it with its leader's name once a leader serves a linearizable read.
 
     Raises ``AlreadyRunning`` when members recorded in ``root`` are alive. A stopped cluster is
     resumed exactly as it was first started; options that differ are reported through ``say``.
+    A new cluster restored from an archive (``restore_from``, at ``restore_index`` or at
+    ``restore_time``, ms since the epoch) has its target checked before any member starts:
+    ``OutsideArchive`` when the archive cannot give it. ``cluster.restored`` says what it
+    restored.
     """
+    if restore_index is not None and restore_time is not None:
+        raise BadOption("give --restore-index or --restore-time, not both: each picks the "
+                        "point to restore")
+    if (restore_index is not None or restore_time is not None) and restore_from is None:
+        flag = "--restore-index" if restore_index is not None else "--restore-time"
+        raise BadOption(f"{flag} needs --restore-from: the archive to restore from")
     with locked(root):
         return _up(Path(root), replicas, election_timeout_ms=election_timeout_ms,
                    heartbeat_ms=heartbeat_ms, archive=archive, base_port=base_port,
                    timeout=timeout, say=say, restore_from=restore_from,
-                   restore_index=restore_index)
+                   restore_index=restore_index, restore_time=restore_time)
 
 
 def _up(root: Path, replicas: int, *, election_timeout_ms: int, heartbeat_ms: int,
         archive: str | None, base_port: int | None, timeout: float,
         say: Callable[[str], None], restore_from: str | None = None,
-        restore_index: int | None = None) -> tuple[LocalCluster, str]:
+        restore_index: int | None = None,
+        restore_time: int | None = None) -> tuple[LocalCluster, str]:
     if LocalCluster.exists(root):
         cluster = LocalCluster.load(root)
         running = cluster.alive()
@@ -716,11 +766,16 @@ def _up(root: Path, replicas: int, *, election_timeout_ms: int, heartbeat_ms: in
             raise
         cluster.mark_bootstrapped()  # a state file from before the flag was turned
         return cluster, leader
+    target = None
+    if restore_from is not None:
+        restore_from = archive_url(restore_from, "--restore-from")
+        target = check_restore(restore_from, restore_index, restore_time)
     for attempt in range(3):
         cluster = LocalCluster.create(root, replicas, election_timeout_ms=election_timeout_ms,
                                       heartbeat_ms=heartbeat_ms, archive=archive,
                                       base_port=base_port, restore_from=restore_from,
-                                      restore_index=restore_index)
+                                      restore_index=restore_index, restore_time=restore_time)
+        cluster.restored = target
         try:
             cluster.start()
             with Bar() as bar:
@@ -739,6 +794,31 @@ def _up(root: Path, replicas: int, *, election_timeout_ms: int, heartbeat_ms: in
                 raise
             say("note: a port was taken while the members started; trying other ports")
     raise LocalClusterError("could not find free ports for the members; try again")
+
+
+def check_restore(url: str, index: int | None = None,
+                  ts_ms: int | None = None) -> RestoreTarget:
+    """Settle a restore from ``url`` exactly as each member will (the node's own
+    `flotilla.node.restore.settle`): the only cluster there, and ``index``, the index
+    ``ts_ms`` resolves to, or the newest. Raises OutsideArchive for a target the archive cannot
+    give, LocalClusterError when the archive cannot be read or holds no cluster."""
+    from flotilla.node.archive import ArchiveError, open_archive
+    from flotilla.node.restore import OutsideArchive as NodeOutside
+    from flotilla.node.restore import settle
+
+    try:
+        archive = open_archive(url)
+    except (ArchiveError, ValueError) as exc:
+        raise LocalClusterError(f"cannot restore from {url}: {exc}") from None
+    try:
+        source = settle(archive, cluster_id=None, excluding=None, index=index, ts_ms=ts_ms)
+    except NodeOutside as exc:
+        raise OutsideArchive(f"cannot restore: {exc}") from None
+    except ArchiveError as exc:
+        raise LocalClusterError(f"cannot restore from {url}: {exc}") from None
+    finally:
+        archive.close()
+    return RestoreTarget(url, source.cluster.cluster_id, source.plan.index, index, ts_ms)
 
 
 def _show_restore(cluster: LocalCluster, bar: Bar) -> Callable[[], None]:

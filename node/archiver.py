@@ -187,6 +187,13 @@ class Archiver:
         stored = self.node._snapshot
         if stored is None or stored.meta.index <= self.last_snapshot_index:
             return  # nothing newer (the bootstrap snapshot at 0 is never shipped)
+        if (self.last_archived_index < stored.meta.index
+                and self.last_archived_index + 1 >= self.node.storage.first_index()):
+            # Taken while the entries before it were uploading (they went up to the commit
+            # index of then): those entries first, or the archive would move past them.
+            await self._ship_entries()
+            if self.last_archived_index < stored.meta.index:
+                return  # no longer the leader: whoever leads next ships them
         await asyncio.to_thread(self.cluster.upload_snapshot, stored.path, stored.meta)
         self._adopt(await asyncio.to_thread(self.cluster.publish))
         self.uploads["snapshot"] += 1

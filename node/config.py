@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from flotilla.node.archive.timeindex import parse_time
 from flotilla.node.archive.urls import parse_archive_url
 from flotilla.node.snapshot_policy import SnapshotPolicy
 
@@ -49,6 +50,7 @@ class NodeConfig:
     restore_from: str | None = None
     restore_cluster_id: str | None = None
     restore_index: int | None = None
+    restore_time: int | None = None  # ms since the epoch (`--restore-time`, parsed)
     admin_token: str | None = None
     fsync: bool = True
     max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES
@@ -89,6 +91,8 @@ FLAGS: list[tuple[str, dict]] = [
     ("--restore-from", {"help": "bootstrap a new cluster from this archive URL"}),
     ("--restore-cluster-id", {"help": "which cluster of that archive"}),
     ("--restore-index", {"help": "restore exactly the state at this index"}),
+    ("--restore-time", {"help": "restore the state after the last entry stamped at or before "
+                                "this RFC 3339 time (e.g. 2026-11-25T17:00:00.250Z)"}),
     ("--admin-token", {"help": "admin endpoints require Authorization: Bearer TOKEN"}),
     ("--fsync", {"help": "true (default) or false: acknowledge only what is on disk"}),
     ("--max-value-bytes", {"help": "largest value a client may write (default 1 MiB)"}),
@@ -154,7 +158,8 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> NodeConf
                              "and AWS_SECRET_ACCESS_KEY in the environment instead")
     restore_index = raw["restore_index"]
     if restore_index is not None:
-        restore_index = _positive_int(restore_index, "--restore-index", 0, minimum=0)
+        restore_index = _positive_int(restore_index, "--restore-index", 1)
+    restore_time = _restore_time(raw["restore_time"], raw["restore_from"], restore_index)
     return NodeConfig(
         name=raw["name"],
         data_dir=raw["data_dir"],
@@ -180,11 +185,29 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> NodeConf
         restore_from=raw["restore_from"],
         restore_cluster_id=raw["restore_cluster_id"],
         restore_index=restore_index,
+        restore_time=restore_time,
         admin_token=raw["admin_token"],
         fsync=_bool(raw["fsync"], "--fsync"),
         max_value_bytes=_positive_int(raw["max_value_bytes"], "--max-value-bytes",
                                       DEFAULT_MAX_VALUE_BYTES),
     )
+
+
+def _restore_time(text: str | None, restore_from: str | None,
+                  restore_index: int | None) -> int | None:
+    """`--restore-time` in ms. It picks a point of the archive `--restore-from` names, and
+    says the same as `--restore-index` in another way, so both at once is a mistake."""
+    if text is None:
+        return None
+    if not restore_from:
+        raise UsageError("--restore-time needs --restore-from: the archive to restore from")
+    if restore_index is not None:
+        raise UsageError("give --restore-index or --restore-time, not both: each picks the "
+                         "point to restore")
+    try:
+        return parse_time(text)
+    except ValueError as exc:
+        raise UsageError(f"--restore-time: {exc}") from None
 
 
 def _host_port(text: str, flag: str) -> tuple[str, int]:

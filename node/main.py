@@ -4,8 +4,10 @@ Exit codes (the contract): 0 after a clean shutdown on SIGTERM/SIGINT (a leader 
 leadership over first, within 5 s); 2 for bad flags or a listen address it cannot bind, with
 a one-line reason; 3 for a data dir this member will not use (corruption, another cluster's
 data, a dir another live process holds), naming the file and offset, or a storage failure
-while running; 1 when the member's main loop failed for another reason (a bug: the log says
-where), so a supervisor restarts it instead of it lingering half-alive.
+while running; 4 for a restore target (`--restore-index`, `--restore-time`) outside the
+archive, naming what it can restore, with nothing written to the data dir; 1 when the member's
+main loop failed for another reason (a bug: the log says where), so a supervisor restarts it
+instead of it lingering half-alive.
 """
 
 from __future__ import annotations
@@ -21,11 +23,11 @@ from aiohttp import web
 from flotilla.node.archive import ArchiveError
 from flotilla.node.storage import StorageError
 
-from . import config
+from . import config, restore
 from .http_api import ClientAPI, peer_app
 from .server import NodeServer
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_DATA = 0, 1, 2, 3
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_DATA, EXIT_OUTSIDE = 0, 1, 2, 3, 4
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -44,6 +46,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (StorageError, OSError) as exc:
         print(f"flotilla node: refusing to start: {exc}", file=sys.stderr)
         return EXIT_DATA
+    except restore.OutsideArchive as exc:
+        print(f"flotilla node: cannot restore: {exc}", file=sys.stderr)
+        return EXIT_OUTSIDE
     except ArchiveError as exc:
         print(f"flotilla node: cannot restore from {cfg.restore_from}: {exc}", file=sys.stderr)
         return EXIT_DATA

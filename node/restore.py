@@ -9,8 +9,15 @@ archived time of that index (the new cluster's entries are stamped no earlier). 
 member thus starts from the same state at the same index, and the new cluster's log continues
 right after it, under its own cluster id.
 
-A marker file makes this all-or-nothing: a member that crashes mid-restore finds the marker on
-its next start and does the restore again (with the same flags) instead of starting empty.
+The target is settled first (`open_source`), before the data dir holds anything: the old cluster
+in the archive, and the index to rebuild, `--restore-index` or the index `--restore-time`
+resolves to (`ClusterArchive.index_at_time`: the last entry stamped at or before it, a pure
+function of the log, so every member finds the same one). A target the archive cannot give is
+refused then (`OutsideArchive`, exit 4), with nothing written, so the next start finds the data
+dir as empty as this one did.
+
+A marker file makes the rest all-or-nothing: a member that crashes mid-restore finds the marker
+on its next start and does the restore again (with the same flags) instead of starting empty.
 """
 
 from __future__ import annotations
@@ -20,13 +27,23 @@ import logging
 import os
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from flotilla.node.archive import ClusterArchive, open_archive
+from flotilla.node.archive import (
+    Archive,
+    ArchiveNotFound,
+    ClusterArchive,
+    RestorePlan,
+    TimeOutsideArchive,
+    format_ms,
+    open_archive,
+)
 from flotilla.node.archive.restore import resolve_cluster_id
 from flotilla.node.consensus import EntryKind, Membership, SnapshotMeta
 from flotilla.node.statemachine.kv import KVStateMachine
 from flotilla.node.storage import DiskStorage, SnapshotStore, StorageError
+from flotilla.node.storage.datadir import read_identity
 
 from .config import NodeConfig
 
@@ -62,6 +79,73 @@ class ProgressFile:
         self.path.unlink(missing_ok=True)
 
 
+class OutsideArchive(ArchiveNotFound):
+    """The index or time asked for is not one the archive can rebuild (exit 4); the message
+    names what it can."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """What a restore rebuilds, settled before the data dir is touched: the old cluster's
+    archive, the index asked for (None: the newest archived state) and the plan that showed
+    the archive can rebuild it. `close()` closes the archive."""
+
+    cluster: ClusterArchive
+    index: int | None
+    plan: RestorePlan
+
+    def close(self) -> None:
+        self.cluster.archive.close()
+
+
+def wanted(data_dir: Path, cfg: NodeConfig) -> bool:
+    """Whether this start restores: `--restore-from` on a data dir without state (no identity
+    yet) that bootstraps a new cluster, or one whose restore was interrupted. Asked before the
+    data dir is opened, which writes its identity."""
+    if not cfg.restore_from:
+        return False
+    return pending(data_dir) or (read_identity(data_dir) is None
+                                 and cfg.initial_cluster_state == "new")
+
+
+def open_source(cfg: NodeConfig) -> Source:
+    """Open `--restore-from` and settle the restore there (see `settle`)."""
+    archive = open_archive(cfg.restore_from, endpoint=cfg.s3_endpoint, region=cfg.s3_region)
+    try:
+        return settle(archive, cluster_id=cfg.restore_cluster_id, excluding=cfg.cluster_id,
+                      index=cfg.restore_index, ts_ms=cfg.restore_time)
+    except BaseException:
+        archive.close()
+        raise
+
+
+def settle(archive: Archive, *, cluster_id: str | None, excluding: str | None,
+           index: int | None = None, ts_ms: int | None = None) -> Source:
+    """Pick the old cluster in `archive` (`--restore-cluster-id`, else the only one not
+    `excluding`) and the index: `index`, or the last one stamped at or before `ts_ms`, or
+    the newest. Raises OutsideArchive for an index or time the archive cannot rebuild,
+    ArchiveError for a cluster or archive that is not there. `flotilla up` calls it too, to
+    refuse a target before it starts any member."""
+    old_id = resolve_cluster_id(archive, cluster_id, excluding=excluding)
+    cluster = ClusterArchive(archive, old_id)
+    flag = "--restore-index"
+    if ts_ms is not None:
+        flag = "--restore-time"
+        try:
+            index = cluster.index_at_time(ts_ms)
+        except TimeOutsideArchive as exc:
+            raise OutsideArchive(f"{flag}: {exc}") from exc
+        log.info("--restore-time %s: the last entry of cluster %s stamped at or before it is "
+                 "index %d", format_ms(ts_ms), old_id, index)
+    try:
+        plan = cluster.plan_restore(index)
+    except ArchiveNotFound as exc:
+        if index is None:
+            raise  # nothing archived at all: there was no target to miss
+        raise OutsideArchive(f"{flag}: {exc}") from exc
+    return Source(cluster, index, plan)
+
+
 def pending(data_dir: Path) -> bool:
     return (data_dir / MARKER).exists()
 
@@ -70,21 +154,20 @@ def mark(data_dir: Path, cfg: NodeConfig) -> None:
     (data_dir / MARKER).write_text(f"restoring from {cfg.restore_from}\n")
 
 
-def restore(cfg: NodeConfig, data_dir: Path, snapshots: SnapshotStore,
-            storage: DiskStorage, membership: Membership) -> SnapshotMeta:
-    """Rebuild the archived state into this member's first snapshot; returns its metadata.
-    Raises ArchiveError (nothing usable in the archive) or StorageError."""
-    archive = open_archive(cfg.restore_from, endpoint=cfg.s3_endpoint, region=cfg.s3_region)
+def restore(source: Source, data_dir: Path, snapshots: SnapshotStore, storage: DiskStorage,
+            membership: Membership) -> SnapshotMeta:
+    """Rebuild the state at `source.index` into this member's first snapshot; returns its
+    metadata. Raises ArchiveError (nothing usable in the archive) or StorageError."""
+    cluster = source.cluster
     work = data_dir / "restore-work"
     progress = ProgressFile(data_dir / PROGRESS)
     try:
-        old_id = resolve_cluster_id(archive, cfg.restore_cluster_id, excluding=cfg.cluster_id)
-        cluster = ClusterArchive(archive, old_id)
         shutil.rmtree(work, ignore_errors=True)
         prepared = cluster.prepare_restore(
-            work, cfg.restore_index, lambda done, total: progress("fetch", done, total, "B"))
+            work, source.index, lambda done, total: progress("fetch", done, total, "B"))
         plan = prepared.plan
-        log.info("restoring cluster %s from %s: %s", old_id, cluster.url, plan.describe())
+        log.info("restoring cluster %s from %s: %s", cluster.cluster_id, cluster.url,
+                 plan.describe())
         sm = KVStateMachine()
         if prepared.snapshot_path is not None:
             with snapshots.open_payload(prepared.snapshot_path) as payload:
@@ -108,10 +191,10 @@ def restore(cfg: NodeConfig, data_dir: Path, snapshots: SnapshotStore,
         finally:
             frozen.release()
         storage.install_snapshot(meta)
-        log.info("restored the state at index %d (%d entries replayed after the snapshot)",
-                 plan.index, replayed)
+        log.info("restored the state at index %d, stamped %s (%d entries replayed after the "
+                 "snapshot)", plan.index, format_ms(ts_ms) if ts_ms else "at an unknown time",
+                 replayed)
     finally:
-        archive.close()
         shutil.rmtree(work, ignore_errors=True)
         progress.remove()
     (data_dir / MARKER).unlink()

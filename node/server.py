@@ -129,16 +129,25 @@ class NodeServer:
 
     def open(self) -> None:
         """Lock the data dir, open it and recover; raises StorageError (exit 3) for a data dir
-        it won't use, another live process's included."""
+        it won't use, another live process's included, and restore.OutsideArchive (exit 4) for
+        a restore target the archive cannot give, with nothing written."""
         # Before anything reads or writes the dir: a second process must not even bootstrap.
         self._lock = lock_data_dir(self.cfg.data_dir, fsync=self.cfg.fsync)
         try:
-            self._open_locked()
+            # A restore's target is settled before the data dir holds anything, so a refused
+            # one leaves the dir as empty as it was.
+            source = (restore.open_source(self.cfg)
+                      if restore.wanted(Path(self.cfg.data_dir), self.cfg) else None)
+            try:
+                self._open_locked(source)
+            finally:
+                if source is not None:
+                    source.close()
         except BaseException:
             self._lock.release()
             raise
 
-    def _open_locked(self) -> None:
+    def _open_locked(self, source: restore.Source | None) -> None:
         cfg = self.cfg
         self.datadir = DataDir.open(cfg.data_dir, cluster_id=cfg.cluster_id,
                                     member_name=cfg.name, fsync=cfg.fsync)
@@ -152,8 +161,10 @@ class NodeServer:
             raise restore.refuse_interrupted(self.datadir.path)
         if (self.datadir.created and cfg.initial_cluster_state == "new") or interrupted:
             if cfg.restore_from:
+                assert source is not None, "restore.wanted() disagrees with the data dir"
                 restore.mark(self.datadir.path, cfg)
-                restore.restore(cfg, self.datadir.path, self.snapshots, self.storage, membership)
+                restore.restore(source, self.datadir.path, self.snapshots, self.storage,
+                                membership)
             else:
                 self.storage.install_snapshot(SnapshotMeta(0, 0, membership))
             recovered = self.storage.recover()

@@ -30,6 +30,8 @@ CASES = [
     (["flotilla", "leader", ""], {"move"}),
     (["flotilla", "completion", ""], {"bash", "zsh"}),
     (["flotilla", "node", "--data"], {"--data-dir"}),
+    (["flotilla", "up", "--restore-"], {"--restore-from", "--restore-index", "--restore-time"}),
+    (["flotilla", "node", "--restore-t"], {"--restore-time"}),
 ]
 
 

@@ -52,6 +52,8 @@ BASE = ["--listen-peer", "127.0.0.1:1", "--listen-client", "127.0.0.1:2"]
           "--s3-endpoint", "http://key:secret@minio:9000"], "must not carry credentials"),
         (["--name", "n1", "--data-dir", "/tmp/x", *BASE, "--initial-cluster",
           "n1=http://127.0.0.1:5,a\nb=http://127.0.0.1:6"], "a member name is 1 to 63"),
+        (["--name", "n1", "--data-dir", "/tmp/x", *BASE, "--restore-from", "file:///tmp/a",
+          "--restore-index", "0"], "--restore-index must be at least 1"),
     ],
 )
 def test_bad_flags_exit_2_with_one_line_reason(args, says):
