@@ -208,6 +208,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a new cluster starts from this archive (the --archive URL an old "
                         "cluster used): its newest state, --restore-index N or "
                         "--restore-time T")
+    p.add_argument("--restore-cluster-id", default=None, metavar="ID",
+                   help="with --restore-from: which cluster of that archive (default: the "
+                        "only one there), e.g. one `flotilla pipeline snapshot-at` published")
     point = p.add_mutually_exclusive_group()
     point.add_argument("--restore-index", type=_positive, default=None,
                        help="with --restore-from: exactly the state at this log index")
@@ -543,7 +546,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         root, args.replicas, election_timeout_ms=args.election_timeout_ms,
         heartbeat_ms=args.heartbeat_ms, archive=args.archive, base_port=args.base_port,
         timeout=args.timeout, say=_say, restore_from=args.restore_from,
-        restore_index=args.restore_index, restore_time=args.restore_time)
+        restore_index=args.restore_index, restore_time=args.restore_time,
+        restore_cluster_id=args.restore_cluster_id)
     state = cluster.state
     verb = "resumed" if resuming else "started"
     _say(f"{verb} {len(cluster.members)} members in {root} (cluster id {state.cluster_id})")

@@ -353,6 +353,7 @@ class LocalCluster:
         restore_from: str | None = None,
         restore_index: int | None = None,
         restore_time: int | None = None,
+        restore_cluster_id: str | None = None,
     ) -> LocalCluster:
         """Write the state file of a new cluster (nothing is started). ``archive`` None means
         the default archive under ``root``; ``base_port`` pins ports (peers at base+i, clients
@@ -403,6 +404,8 @@ class LocalCluster:
                 args += ["--archive", archive]
             if restore_from:  # only read on the first start, when the data dir is empty
                 args += ["--restore-from", restore_from]
+                if restore_cluster_id is not None:
+                    args += ["--restore-cluster-id", restore_cluster_id]
                 if restore_index is not None:
                     args += ["--restore-index", str(restore_index)]
                 if restore_time is not None:
@@ -717,6 +720,7 @@ def up(
     restore_from: str | None = None,
     restore_index: int | None = None,
     restore_time: int | None = None,
+    restore_cluster_id: str | None = None,
 ) -> tuple[LocalCluster, str]:
     """Start the cluster in ``root`` (a new one, or the stopped one recorded there) and return
     it with its leader's name once a leader serves a linearizable read.
@@ -725,27 +729,32 @@ def up(
     resumed exactly as it was first started; options that differ are reported through ``say``.
     A new cluster restored from an archive (``restore_from``, at ``restore_index`` or at
     ``restore_time``, ms since the epoch) has its target checked before any member starts:
-    ``OutsideArchive`` when the archive cannot give it. ``cluster.restored`` says what it
+    ``OutsideArchive`` when the archive cannot give it. ``restore_cluster_id`` picks the
+    archived cluster when the archive holds several. ``cluster.restored`` says what it
     restored.
     """
     if restore_index is not None and restore_time is not None:
         raise BadOption("give --restore-index or --restore-time, not both: each picks the "
                         "point to restore")
-    if (restore_index is not None or restore_time is not None) and restore_from is None:
-        flag = "--restore-index" if restore_index is not None else "--restore-time"
-        raise BadOption(f"{flag} needs --restore-from: the archive to restore from")
+    given = [flag for flag, value in (("--restore-index", restore_index),
+                                      ("--restore-time", restore_time),
+                                      ("--restore-cluster-id", restore_cluster_id))
+             if value is not None]
+    if given and restore_from is None:
+        raise BadOption(f"{given[0]} needs --restore-from: the archive to restore from")
     with locked(root):
         return _up(Path(root), replicas, election_timeout_ms=election_timeout_ms,
                    heartbeat_ms=heartbeat_ms, archive=archive, base_port=base_port,
                    timeout=timeout, say=say, restore_from=restore_from,
-                   restore_index=restore_index, restore_time=restore_time)
+                   restore_index=restore_index, restore_time=restore_time,
+                   restore_cluster_id=restore_cluster_id)
 
 
 def _up(root: Path, replicas: int, *, election_timeout_ms: int, heartbeat_ms: int,
         archive: str | None, base_port: int | None, timeout: float,
         say: Callable[[str], None], restore_from: str | None = None,
-        restore_index: int | None = None,
-        restore_time: int | None = None) -> tuple[LocalCluster, str]:
+        restore_index: int | None = None, restore_time: int | None = None,
+        restore_cluster_id: str | None = None) -> tuple[LocalCluster, str]:
     if LocalCluster.exists(root):
         cluster = LocalCluster.load(root)
         running = cluster.alive()
@@ -769,12 +778,13 @@ def _up(root: Path, replicas: int, *, election_timeout_ms: int, heartbeat_ms: in
     target = None
     if restore_from is not None:
         restore_from = archive_url(restore_from, "--restore-from")
-        target = check_restore(restore_from, restore_index, restore_time)
+        target = check_restore(restore_from, restore_index, restore_time, restore_cluster_id)
     for attempt in range(3):
         cluster = LocalCluster.create(root, replicas, election_timeout_ms=election_timeout_ms,
                                       heartbeat_ms=heartbeat_ms, archive=archive,
                                       base_port=base_port, restore_from=restore_from,
-                                      restore_index=restore_index, restore_time=restore_time)
+                                      restore_index=restore_index, restore_time=restore_time,
+                                      restore_cluster_id=restore_cluster_id)
         cluster.restored = target
         try:
             cluster.start()
@@ -796,12 +806,13 @@ def _up(root: Path, replicas: int, *, election_timeout_ms: int, heartbeat_ms: in
     raise LocalClusterError("could not find free ports for the members; try again")
 
 
-def check_restore(url: str, index: int | None = None,
-                  ts_ms: int | None = None) -> RestoreTarget:
+def check_restore(url: str, index: int | None = None, ts_ms: int | None = None,
+                  cluster_id: str | None = None) -> RestoreTarget:
     """Settle a restore from ``url`` exactly as each member will (the node's own
-    `flotilla.node.restore.settle`): the only cluster there, and ``index``, the index
-    ``ts_ms`` resolves to, or the newest. Raises OutsideArchive for a target the archive cannot
-    give, LocalClusterError when the archive cannot be read or holds no cluster."""
+    `flotilla.node.restore.settle`): ``cluster_id``, or the only cluster there, and
+    ``index``, the index ``ts_ms`` resolves to, or the newest. Raises OutsideArchive for a
+    target the archive cannot give, LocalClusterError when the archive cannot be read or
+    holds no cluster."""
     from flotilla.node.archive import ArchiveError, open_archive
     from flotilla.node.restore import OutsideArchive as NodeOutside
     from flotilla.node.restore import settle
@@ -811,7 +822,8 @@ def check_restore(url: str, index: int | None = None,
     except (ArchiveError, ValueError) as exc:
         raise LocalClusterError(f"cannot restore from {url}: {exc}") from None
     try:
-        source = settle(archive, cluster_id=None, excluding=None, index=index, ts_ms=ts_ms)
+        source = settle(archive, cluster_id=cluster_id, excluding=None, index=index,
+                        ts_ms=ts_ms)
     except NodeOutside as exc:
         raise OutsideArchive(f"cannot restore: {exc}") from None
     except ArchiveError as exc:

@@ -158,3 +158,35 @@ def test_up_refuses_bad_restore_time_options_in_one_line(tmp_path: Path, argv, s
     assert result.returncode == 2, result.stdout + result.stderr
     assert says in one_line(result)
     assert not (tmp_path / ".flotilla").exists()
+
+
+def test_up_restores_the_archived_cluster_it_is_told_to(tmp_path: Path):
+    """An archive holding two clusters (an old one and what `snapshot-at` published beside
+    it, say): `--restore-cluster-id` picks one; without it `up` says to, and starts nothing."""
+    from flotilla.node.statemachine.kv import encode_put
+
+    from tests.pipeline.archives import write_archive
+
+    url = (tmp_path / "archive").as_uri()
+    write_archive(url, "prod", [encode_put("k", b"from prod", ts=1)])
+    write_archive(url, "prod-at-2", [encode_put("k", b"from the copy", ts=1),
+                                     encode_put("j", b"too", ts=2)])
+    several = flotilla(tmp_path, "up", "--replicas", "1", "--restore-from", url, *UP_FAST)
+    assert several.returncode == 1, several.stdout + several.stderr
+    assert "holds several clusters (prod, prod-at-2); pick one with --restore-cluster-id" in \
+        one_line(several)
+    assert_nothing_left(tmp_path / ".flotilla")
+    alone = flotilla(tmp_path, "up", "--restore-cluster-id", "prod-at-2")
+    assert alone.returncode == 2 and "--restore-cluster-id needs --restore-from" in \
+        one_line(alone)
+    root = tmp_path / ".flotilla"
+    up = flotilla(tmp_path, "up", "--replicas", "1", "--restore-from", url,
+                  "--restore-cluster-id", "prod-at-2", *UP_FAST)
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert "of cluster prod-at-2 from" in up.stdout, up.stdout
+        got = flotilla(tmp_path, "kv", "get", "k")
+        assert got.returncode == 0 and got.stdout.strip() == "from the copy", got
+    finally:
+        flotilla(tmp_path, "down")
+    assert members_running(root) == ""
