@@ -6,7 +6,8 @@ reach the handlers too. So `ClusterSpec.from_body` applies the same defaults and
 same rules (OpenAPI and CEL) itself, and says in one sentence which field is wrong and what
 would be right. A spec that passes here renders into manifests the node accepts as flags.
 
-Pure and stdlib only: `flotilla scale` and the planner tests import it without kopf.
+Pure: the standard library plus the node's own RFC 3339 parser, so `flotilla scale` and the
+planner tests import it without kopf.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
+
+from flotilla.node.archive.timeindex import format_ms, parse_time
 
 GROUP = "flotilla.dev"
 VERSION = "v1alpha1"
@@ -34,6 +37,7 @@ MAX_CLUSTER_ID_LENGTH = 63
 
 _NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 _CLUSTER_ID = re.compile(r"[a-z0-9.-]+")
+_OLD_CLUSTER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # the archive's rule
 _RATIO = re.compile(r"0(\.[0-9]+)?|1(\.0+)?")
 _QUANTITY = re.compile(
     r"(?P<number>[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))"
@@ -84,11 +88,31 @@ class Archive:
 
 @dataclass(frozen=True)
 class Restore:
-    """spec.bootstrap.restore: the first members start from an old cluster's archive."""
+    """spec.bootstrap.restore: the first members start from an old cluster's archive.
+
+    With `index` or `time` (at most one), a point in time: the pipeline's snapshot-at runs as
+    a Job first and publishes that state as a new cluster in the same archive, and the members
+    restore that cluster's newest (its only) state.
+    """
 
     url: str
     cluster_id: str | None = None  # which old cluster, when the archive holds several
-    index: int | None = None  # None: the newest snapshot
+    index: int | None = None  # None: the newest snapshot (or `time`)
+    time: str | None = None  # RFC 3339 in UTC with milliseconds, as format_ms writes it
+
+    @property
+    def point_in_time(self) -> bool:
+        return self.index is not None or self.time is not None
+
+    @property
+    def target(self) -> str:
+        """The point in words: `index 120000`, `time 2026-11-25T17:00:00.250Z`, `the newest
+        archived state`."""
+        if self.index is not None:
+            return f"index {self.index}"
+        if self.time is not None:
+            return f"time {self.time}"
+        return "the newest archived state"
 
 
 @dataclass(frozen=True)
@@ -176,6 +200,22 @@ class ClusterSpec:
         }
 
     @property
+    def restore_job_labels(self) -> dict[str, str]:
+        """The point-in-time restore Job and its pod. Not the members' name label: the
+        StatefulSet, the Services and the budget select on name and instance, and must never
+        take the Job's pod for a member."""
+        return {
+            "app.kubernetes.io/name": "flotilla-restore",
+            "app.kubernetes.io/instance": self.name,
+            "app.kubernetes.io/managed-by": "flotilla-operator",
+            "app.kubernetes.io/component": "restore-job",
+        }
+
+    @property
+    def restore_job_selector(self) -> str:
+        return ",".join(f"{key}={value}" for key, value in self.restore_job_labels.items())
+
+    @property
     def selector(self) -> str:
         """The label selector string for status.selector (the scale subresource's)."""
         return ",".join(f"{key}={value}" for key, value in self.selector_labels.items())
@@ -197,6 +237,27 @@ class ClusterSpec:
     def initial_cluster(self, members: Sequence[str]) -> str:
         """The node's --initial-cluster for these members: N1=URL,N2=URL."""
         return ",".join(f"{member}={self.peer_url(member)}" for member in members)
+
+    @property
+    def restore_job_name(self) -> str:
+        return f"{self.name}-restore"
+
+    @property
+    def restored_cluster_id(self) -> str | None:
+        """With a point-in-time restore, the cluster id the snapshot Job publishes that state
+        under, and the members restore from: `<clusterId>-at-<index>`, or
+        `<clusterId>-at-<time>` with the time written `20261125t170000.250z`.
+
+        A function of this RaftCluster alone, so a rerun of the Job publishes under the same
+        id (which the pipeline takes as done), and never this cluster's own id, under which
+        it will archive. At most 63 + 4 + 20 characters: within the archive's 128."""
+        restore = self.restore
+        if restore is None or not restore.point_in_time:
+            return None
+        if restore.index is not None:
+            return f"{self.cluster_id}-at-{restore.index}"
+        assert restore.time is not None
+        return f"{self.cluster_id}-at-{re.sub(r'[-:]', '', restore.time).lower()}"
 
     @staticmethod
     def quorum(n: int) -> int:
@@ -305,11 +366,27 @@ def _bootstrap(fields: _Fields) -> Restore | None:
         fields.section("new")  # must be an object
         return None
     restore = fields.section("restore")
-    return Restore(
-        url=_archive_url(restore, "url", meaning="the archive URL the old cluster used"),
-        cluster_id=restore.string("clusterId") or None,
-        index=restore.optional_integer("index", minimum=1),
-    )
+    url = _archive_url(restore, "url", meaning="the archive URL the old cluster used")
+    cluster_id = restore.string("clusterId") or None
+    if cluster_id is not None and not _OLD_CLUSTER_ID.fullmatch(cluster_id):
+        raise SpecError(
+            f"{restore.where('clusterId')} must be the old cluster's id (its status.clusterId): "
+            f"1-128 letters, digits, '.', '_' or '-', starting with a letter or digit, not "
+            f"{cluster_id!r}"
+        )
+    index = restore.optional_integer("index", minimum=1)
+    time = restore.string("time")
+    if time is not None:
+        try:
+            time = format_ms(parse_time(time))
+        except ValueError as exc:
+            raise SpecError(f"{restore.where('time')}: {exc}") from None
+    if index is not None and time is not None:
+        raise SpecError(
+            f"{restore.path} sets both index and time: give one of them (index: the state "
+            "at that log index; time: the state after the last entry at or before it)"
+        )
+    return Restore(url=url, cluster_id=cluster_id, index=index, time=time)
 
 
 def _timing(fields: _Fields) -> Timing:

@@ -9,6 +9,7 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+from flotilla.node.archive.layout import check_cluster_id
 from flotilla.node.archive.urls import parse_archive_url
 from flotilla.node.snapshot_policy import (
     DEFAULT_FLOOR,
@@ -176,6 +177,52 @@ def test_restore_index_is_kept():
     assert spec.restore is not None and spec.restore.index == 1
 
 
+@pytest.mark.parametrize(("given", "kept"), [
+    ("2026-11-25T17:00:00.250Z", "2026-11-25T17:00:00.250Z"),
+    ("2026-11-25T18:00:00.25+01:00", "2026-11-25T17:00:00.250Z"),  # in UTC
+    ("2026-11-25t17:00:00z", "2026-11-25T17:00:00.000Z"),
+    ("2026-11-25T17:00:00.999999Z", "2026-11-25T17:00:00.999Z"),  # cut, never rounded up
+])
+def test_restore_time_is_kept_in_utc_with_milliseconds(given, kept):
+    spec = ClusterSpec.from_body(body({"bootstrap": {"restore": {"url": "s3://b",
+                                                                 "time": given}}}))
+    assert spec.restore == Restore("s3://b", time=kept)
+    assert spec.restore.point_in_time and spec.restore.target == f"time {kept}"
+
+
+@pytest.mark.parametrize(("restore", "point_in_time", "target"), [
+    ({"url": "s3://b"}, False, "the newest archived state"),
+    ({"url": "s3://b", "clusterId": "old"}, False, "the newest archived state"),
+    ({"url": "s3://b", "index": 7}, True, "index 7"),
+])
+def test_a_point_in_time_is_an_index_or_a_time(restore, point_in_time, target):
+    spec = ClusterSpec.from_body(body({"bootstrap": {"restore": restore}}))
+    assert spec.restore is not None
+    assert (spec.restore.point_in_time, spec.restore.target) == (point_in_time, target)
+
+
+def test_the_restored_cluster_id_is_the_clusters_own_and_the_point():
+    """What the restore Job publishes and the members restore: derived from this RaftCluster
+    only (a rerun publishes the same id), never its own id, and a valid archive prefix."""
+    def restored(restore: dict[str, Any], **spec: Any) -> str | None:
+        return ClusterSpec.from_body(body({"bootstrap": {"restore": {"url": "s3://b",
+                                                                     **restore}}, **spec})
+                                     ).restored_cluster_id
+
+    assert restored({}) is None
+    assert restored({"clusterId": "old"}) is None
+    assert restored({"index": 120000}) == "prod-demo-6f1c2a9e-at-120000"
+    assert restored({"time": "2026-11-25T18:00:00.25+01:00"}) == \
+        "prod-demo-6f1c2a9e-at-20261125t170000.250z"
+    assert restored({"index": 5, "clusterId": "old"}, clusterId="mine") == "mine-at-5"
+    assert ClusterSpec.from_body(body()).restored_cluster_id is None
+    longest = [restored({"index": 2**63 - 1}, clusterId="a" * 63),
+               restored({"time": "9999-12-31T23:59:59.999Z"}, clusterId="a" * 63)]
+    for cluster_id in longest:
+        assert cluster_id is not None
+        assert check_cluster_id(cluster_id) == cluster_id  # at most 128, one path segment
+
+
 def test_null_fields_count_as_absent():
     spec = ClusterSpec.from_body(body({"replicas": None, "archive": None, "snapshot": None}))
     assert (spec.replicas, spec.archive, spec.snapshot_policy) == (3, None, None)
@@ -279,6 +326,11 @@ INVALID = [
     ("bootstrap.restore.url", DELETE, "spec.bootstrap.restore.url is required"),
     ("bootstrap.restore.url", "https://x/y", "spec.bootstrap.restore.url must start with s3://"),
     ("bootstrap.restore.index", 0, "spec.bootstrap.restore.index (0) must be at least 1"),
+    ("bootstrap.restore.time", "2026-11-25T17:00:00.250Z",
+     "spec.bootstrap.restore sets both index and time: give one of them"),
+    ("bootstrap.restore.clusterId", "a/b", "spec.bootstrap.restore.clusterId must be the old "
+                                           "cluster's id"),
+    ("bootstrap.restore.clusterId", "-old", "1-128 letters, digits"),
     ("bootstrap.new", {}, "spec.bootstrap must set exactly one of new or restore (it sets both)"),
     ("bootstrap", {}, "spec.bootstrap must set exactly one of new or restore (it sets neither)"),
     ("bootstrap.restore", "yes", "spec.bootstrap.restore must be an object"),
@@ -301,6 +353,23 @@ INVALID = [
 def test_an_invalid_field_is_named_in_one_readable_message(path, value, message):
     with pytest.raises(SpecError) as caught:
         ClusterSpec.from_body(body(with_field(path, value)))
+    assert message in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(("time", "message"), [
+    ("2026-11-25T17:00:00", "'2026-11-25T17:00:00' is not an RFC 3339 time with an offset; "
+                            "write it like 2026-11-25T17:00:00.250Z"),
+    ("yesterday", "is not an RFC 3339 time with an offset"),
+    ("2026-02-30T17:00:00Z", "'2026-02-30T17:00:00Z' is not a valid time"),
+    ("1969-12-31T23:59:59Z", "is before 1970"),
+    (1764090000250, "spec.bootstrap.restore.time must be a string"),
+])
+def test_an_invalid_restore_time_is_named_with_the_parsers_reason(time, message):
+    restore = {"url": "s3://b", "time": time}
+    with pytest.raises(SpecError) as caught:
+        ClusterSpec.from_body(body({"bootstrap": {"restore": restore}}))
+    assert str(caught.value).startswith("spec.bootstrap.restore.time")
     assert message in str(caught.value)
     assert "\n" not in str(caught.value)
 
