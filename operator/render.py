@@ -99,13 +99,7 @@ def pod_spec(spec: ClusterSpec, bootstrap_members: Sequence[str], bootstrapped: 
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,  # NAME_PORT-style variables would crowd the FLOTILLA_* env
         "terminationGracePeriodSeconds": 30,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": RUN_AS,
-            "runAsGroup": RUN_AS,
-            "fsGroup": RUN_AS,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": _pod_security(),
         "affinity": _spread_over_nodes(spec),
         "containers": [_container(spec, node_env(spec, bootstrap_members, bootstrapped))],
     }
@@ -144,13 +138,120 @@ def node_env(
             _secret("AWS_SECRET_ACCESS_KEY", archive.secret_access_key),
         ]
     if spec.restore is not None:
+        # A point in time was published by the restore Job as a cluster of its own, whose
+        # newest state is exactly the target: the members restore that, with no index.
         env += [
             _value("FLOTILLA_RESTORE_FROM", spec.restore.url),
-            _value("FLOTILLA_RESTORE_CLUSTER_ID", spec.restore.cluster_id),
-            _value("FLOTILLA_RESTORE_INDEX", spec.restore.index),
+            _value("FLOTILLA_RESTORE_CLUSTER_ID",
+                   spec.restored_cluster_id or spec.restore.cluster_id),
         ]
     env.append(_secret("FLOTILLA_ADMIN_TOKEN", spec.admin_token))
     return [var for var in env if var is not None]
+
+
+# --- the point-in-time restore Job ------------------------------------------------------------
+
+RESTORE_CONTAINER = "snapshot-at"
+SCRATCH_VOLUME = "scratch"
+SCRATCH_PATH = "/tmp"  # Spark's and the JVM's temporary files; the root filesystem is read-only
+TERMINATION_LOG = "/dev/termination-log"
+# Local mode on two cores, with memory for the driver's JVM (1 GiB heap), its Python and two
+# Python workers. Archives whose fold does not fit want a Spark cluster (`--master`), run by hand.
+RESTORE_MASTER = "local[2]"
+RESTORE_RESOURCES = {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "3Gi"}}
+RESTORE_BACKOFF_LIMIT = 2
+# The pipeline's exit codes that a rerun cannot change: bad flags or no Java / PySpark in the
+# image (2), a target outside the archive (4). They fail the Job at once.
+FINAL_EXIT_CODES = (2, 4)
+# Runs the job, then keeps its last stdout line (the result, one JSON line) as the container's
+# termination message, which the operator reads from the pod's status. On failure the
+# message is the log's tail (FallbackToLogsOnError), whose last line is the pipeline's one-line
+# reason. The exit code is the pipeline's, so the Job's podFailurePolicy sees it.
+# (result.json is in the working directory, the scratch volume.)
+RESTORE_SCRIPT = (
+    'flotilla pipeline snapshot-at "$@" > result.json\n'
+    "code=$?\n"
+    "cat result.json\n"
+    'if [ "$code" -eq 0 ]; then tail -n 1 result.json > "$TERMINATION_MESSAGE_PATH"; fi\n'
+    'exit "$code"\n'
+)
+
+
+def restore_job(spec: ClusterSpec) -> Manifest:
+    """`flotilla pipeline snapshot-at` as a Job: it publishes the state at spec.bootstrap.restore's
+    index or time into the archive as the cluster `spec.restored_cluster_id`, which the members
+    then restore. Run once: a failure that a rerun cannot fix (exit 2 or 4) fails the Job at
+    once, others are retried twice, and a node drain does not count as a failure."""
+    restore = spec.restore
+    cluster_id = spec.restored_cluster_id
+    if restore is None or cluster_id is None:
+        raise ValueError("a restore Job needs spec.bootstrap.restore.index or .time")
+    args = ["--archive", restore.url]
+    if restore.cluster_id is not None:
+        args += ["--cluster-id", restore.cluster_id]
+    archive = spec.archive
+    if archive is not None and archive.endpoint is not None:
+        args += ["--s3-endpoint", archive.endpoint]
+    if archive is not None and archive.region is not None:
+        args += ["--s3-region", archive.region]
+    args += ["--master", RESTORE_MASTER]
+    args += ["--index", str(restore.index)] if restore.index is not None else [
+        "--time", str(restore.time)]
+    args += ["--to-cluster-id", cluster_id]
+    env = [
+        _value("SPARK_LOCAL_IP", "127.0.0.1"),
+        _value("HOME", SCRATCH_PATH),
+        _value("TERMINATION_MESSAGE_PATH", TERMINATION_LOG),
+    ]
+    if archive is not None:  # the same credentials as the members', through the same Secret
+        env += [_secret("AWS_ACCESS_KEY_ID", archive.access_key_id),
+                _secret("AWS_SECRET_ACCESS_KEY", archive.secret_access_key)]
+    container: Manifest = {
+        "name": RESTORE_CONTAINER,
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": ["sh", "-c", RESTORE_SCRIPT, "snapshot-at"],  # "$0", then the args as "$@"
+        "args": args,
+        "workingDir": SCRATCH_PATH,
+        "env": [var for var in env if var is not None],
+        "resources": {kind: dict(values) for kind, values in RESTORE_RESOURCES.items()},
+        "volumeMounts": [{"name": SCRATCH_VOLUME, "mountPath": SCRATCH_PATH}],
+        "terminationMessagePath": TERMINATION_LOG,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+    labels = spec.restore_job_labels
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": spec.restore_job_name, "namespace": spec.namespace,
+                     "labels": labels, "ownerReferences": [owner_reference(spec)]},
+        "spec": {
+            "backoffLimit": RESTORE_BACKOFF_LIMIT,
+            "podFailurePolicy": {"rules": [
+                {"action": "FailJob",
+                 "onExitCodes": {"containerName": RESTORE_CONTAINER, "operator": "In",
+                                 "values": list(FINAL_EXIT_CODES)}},
+                {"action": "Ignore",
+                 "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+            ]},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "restartPolicy": "Never",  # the Job retries; podFailurePolicy needs Never
+                    "automountServiceAccountToken": False,
+                    "enableServiceLinks": False,
+                    "securityContext": _pod_security(),
+                    "containers": [container],
+                    "volumes": [{"name": SCRATCH_VOLUME, "emptyDir": {}}],
+                },
+            },
+        },
+    }
 
 
 def bootstrap_name(spec: ClusterSpec) -> str:
@@ -236,6 +337,16 @@ def _metadata(spec: ClusterSpec, name: str) -> Manifest:
         "namespace": spec.namespace,
         "labels": spec.labels,
         "ownerReferences": [owner_reference(spec)],
+    }
+
+
+def _pod_security() -> Manifest:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS,
+        "runAsGroup": RUN_AS,
+        "fsGroup": RUN_AS,
+        "seccompProfile": {"type": "RuntimeDefault"},
     }
 
 

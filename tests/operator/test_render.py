@@ -4,6 +4,7 @@ environment that the node's own flag parser turns into the intended configuratio
 from __future__ import annotations
 
 import re
+import subprocess
 from typing import Any
 
 import kubernetes_validate
@@ -25,7 +26,11 @@ RESTORE = ClusterSpec.from_body(body({
     "bootstrap": {"restore": {"url": "s3://old-backups/team", "clusterId": "prod-demo-1234abcd",
                               "index": 900}},
 }))
-SPECS = {"basic": BASIC, "full": FULL, "restore": RESTORE}
+NEWEST = ClusterSpec.from_body(body({
+    "archive": {"url": "file:///mnt/archive"},
+    "bootstrap": {"restore": {"url": "s3://old-backups/team", "clusterId": "prod-demo-1234abcd"}},
+}))
+SPECS = {"basic": BASIC, "full": FULL, "restore": RESTORE, "newest": NEWEST}
 
 # What the kubelet would find in the Secrets the spec names.
 SECRETS = {("s3-creds", "id"): "AKIA-test", ("s3-creds", "AWS_SECRET_ACCESS_KEY"): "s3-secret",
@@ -296,21 +301,175 @@ def test_the_aws_credentials_reach_the_environment_boto3_reads():
 
 
 @pytest.mark.parametrize("bootstrapped", [False, True])
-def test_every_member_of_a_restore_starts_with_the_same_restore_flags(bootstrapped):
-    configs = [node_config(RESTORE, pod, bootstrapped) for pod in RESTORE.member_names(3)]
+@pytest.mark.parametrize("name", ["restore", "newest"])
+def test_every_member_of_a_restore_starts_with_the_same_restore_flags(name, bootstrapped):
+    """At a point in time, the members restore the cluster the restore Job published (its
+    newest state is the target: no index); otherwise the old cluster's newest state."""
+    spec = {"restore": RESTORE, "newest": NEWEST}[name]
+    configs = [node_config(spec, pod, bootstrapped) for pod in spec.member_names(3)]
     for cfg in configs:
         assert cfg.restore_from == "s3://old-backups/team"
-        assert cfg.restore_cluster_id == "prod-demo-1234abcd"
-        assert cfg.restore_index == 900
+        assert cfg.restore_cluster_id == {"restore": "prod-demo-6f1c2a9e-at-900",
+                                          "newest": "prod-demo-1234abcd"}[name]
+        assert cfg.restore_index is None
         assert cfg.cluster_id == "prod-demo-6f1c2a9e"  # the new cluster's own id
         assert cfg.archive == "file:///mnt/archive"
         assert cfg.initial_cluster == configs[0].initial_cluster
-    assert {cfg.name for cfg in configs} == set(RESTORE.member_names(3))
+    assert {cfg.name for cfg in configs} == set(spec.member_names(3))
+    names = {var["name"] for var in render.node_env(spec, spec.member_names(3), bootstrapped)}
+    assert not names & {"FLOTILLA_RESTORE_INDEX", "FLOTILLA_RESTORE_TIME"}
 
 
-def test_a_restore_from_the_first_index_is_passed_on():
-    spec = ClusterSpec.from_body(body({"bootstrap": {"restore": {"url": "s3://b", "index": 1}}}))
-    assert node_config(spec, "demo-0").restore_index == 1
+def test_members_restore_a_point_in_time_from_the_cluster_the_job_publishes():
+    for target in ({"index": 1}, {"time": "2026-11-25T17:00:00Z"}):
+        spec = ClusterSpec.from_body(body({"bootstrap": {"restore": {"url": "s3://b",
+                                                                     **target}}}))
+        cfg = node_config(spec, "demo-0")
+        assert cfg.restore_cluster_id == spec.restored_cluster_id
+        assert restore_job_args(render.restore_job(spec))["to_cluster_id"] == \
+            spec.restored_cluster_id
+
+
+# -- the point-in-time restore Job ---------------------------------------------------------------
+
+RESTORE_AT_TIME = ClusterSpec.from_body(body({
+    **FULL_SPEC,
+    "bootstrap": {"restore": {"url": "s3://old-backups/team", "time": "2026-11-25T17:00:00.25Z"}},
+}))
+JOB_SPECS = {"index": RESTORE, "time": RESTORE_AT_TIME,
+             "full": ClusterSpec.from_body(body(FULL_SPEC))}
+
+
+def restore_job_args(job: dict[str, Any]) -> dict[str, Any]:
+    """The container's command line as the pipeline's own parser reads it."""
+    from flotilla.pipeline.main import build_parser
+
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert container["command"][:2] == ["sh", "-c"]
+    snapshot_at = build_parser()._subparsers._group_actions[0].choices["snapshot-at"]
+    if "--time" in container["args"] and "--time" not in snapshot_at._option_string_actions:
+        pytest.skip("the pipeline's snapshot-at --time is not in this tree yet")
+    return vars(build_parser().parse_args(["snapshot-at", *container["args"]]))
+
+
+def job_env(job: dict[str, Any]) -> dict[str, str]:
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    env = {}
+    for var in container["env"]:
+        if "value" in var:
+            env[var["name"]] = var["value"]
+        else:
+            ref = var["valueFrom"]["secretKeyRef"]
+            env[var["name"]] = SECRETS[(ref["name"], ref["key"])]
+    return env
+
+
+@pytest.mark.parametrize("name", sorted(JOB_SPECS))
+def test_the_restore_job_passes_the_kubernetes_schema_strictly(name):
+    kubernetes_validate.validate(render.restore_job(JOB_SPECS[name]), K8S_VERSION, strict=True)
+
+
+def test_only_a_point_in_time_has_a_restore_job():
+    for spec in (BASIC, NEWEST):
+        with pytest.raises(ValueError, match=r"needs spec\.bootstrap\.restore\.index or \.time"):
+            render.restore_job(spec)
+
+
+def test_the_restore_job_runs_snapshot_at_with_the_pipelines_flags():
+    index = restore_job_args(render.restore_job(RESTORE))
+    assert (index["job"], index["archive"], index["cluster_id"], index["index"]) == (
+        "snapshot-at", "s3://old-backups/team", "prod-demo-1234abcd", 900)
+    assert (index["to_cluster_id"], index["master"]) == ("prod-demo-6f1c2a9e-at-900", "local[2]")
+    assert (index["s3_endpoint"], index["s3_region"]) == (None, None)
+    full = restore_job_args(render.restore_job(JOB_SPECS["full"]))
+    assert (full["cluster_id"], full["index"], full["to_cluster_id"]) == (
+        "old", 42, "payments.eu-1-at-42")
+    assert (full["s3_endpoint"], full["s3_region"]) == ("http://minio.minio:9000", "eu-west-1")
+
+
+def test_the_restore_job_at_a_time_passes_it_in_utc():
+    at_time = restore_job_args(render.restore_job(RESTORE_AT_TIME))
+    assert (at_time["time"], at_time["index"], at_time["cluster_id"]) == (
+        "2026-11-25T17:00:00.250Z", None, None)
+    assert at_time["to_cluster_id"] == "payments.eu-1-at-20261125t170000.250z"
+
+
+def test_the_restore_job_reads_the_archive_with_the_members_credentials():
+    job = render.restore_job(JOB_SPECS["full"])
+    env = job_env(job)
+    assert (env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"]) == ("AKIA-test", "s3-secret")
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert all("value" not in var for var in container["env"] if var["name"].startswith("AWS"))
+    assert env["SPARK_LOCAL_IP"] == "127.0.0.1"
+    assert not [name for name in job_env(render.restore_job(RESTORE)) if "AWS" in name]
+    assert not [name for name in env if name.startswith("FLOTILLA_")]
+
+
+def test_the_restore_job_fails_at_once_on_what_a_rerun_cannot_change():
+    spec = render.restore_job(RESTORE)["spec"]
+    assert spec["backoffLimit"] == 2
+    assert spec["template"]["spec"]["restartPolicy"] == "Never"  # podFailurePolicy needs it
+    fail, ignore = spec["podFailurePolicy"]["rules"]
+    assert fail == {"action": "FailJob", "onExitCodes": {
+        "containerName": "snapshot-at", "operator": "In", "values": [2, 4]}}
+    assert ignore == {"action": "Ignore",
+                      "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
+
+
+def test_the_restore_job_runs_unprivileged_on_a_read_only_root_with_a_scratch_tmp():
+    job = render.restore_job(JOB_SPECS["full"])
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 10001
+    assert pod["automountServiceAccountToken"] is False
+    assert container["securityContext"] == {"allowPrivilegeEscalation": False,
+                                            "readOnlyRootFilesystem": True,
+                                            "capabilities": {"drop": ["ALL"]}}
+    (mount,) = container["volumeMounts"]
+    (volume,) = pod["volumes"]
+    assert (mount["mountPath"], mount["name"], volume) == (
+        "/tmp", volume["name"], {"name": volume["name"], "emptyDir": {}})
+    assert container["workingDir"] == "/tmp" and job_env(job)["HOME"] == "/tmp"
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    assert container["resources"]["limits"]["memory"] == "3Gi"
+    assert (container["image"], container["imagePullPolicy"]) == (
+        "registry.example/flotilla:1.2.3", "Always")
+
+
+def test_the_restore_job_is_owned_and_never_selected_as_a_member():
+    job = render.restore_job(RESTORE)
+    assert job["metadata"]["name"] == "demo-restore"
+    assert job["metadata"]["ownerReferences"] == [render.owner_reference(RESTORE)]
+    labels = job["spec"]["template"]["metadata"]["labels"]
+    assert labels == job["metadata"]["labels"] == RESTORE.restore_job_labels
+    assert not RESTORE.selector_labels.items() <= labels.items()
+    assert all(len(value) <= 63 for value in labels.values())
+    assert RESTORE.restore_job_selector == ",".join(f"{k}={v}" for k, v in labels.items())
+
+
+@pytest.mark.parametrize(("code", "stdout"), [(0, "Spark says hello\n{\"cluster_id\": \"x\"}\n"),
+                                              (4, ""), (1, "partial\n")])
+def test_the_job_script_keeps_the_exit_code_and_the_result_line(tmp_path, code, stdout):
+    """The container's shell: the pipeline's exit code is the container's (podFailurePolicy
+    reads it), its stdout still reaches the log, and on success its last line is the
+    termination message."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "flotilla"
+    fake.write_text(f"#!/bin/sh\necho \"args: $*\" >&2\nprintf '%s' '{stdout}'\nexit {code}\n")
+    fake.chmod(0o755)
+    (container,) = render.restore_job(RESTORE)["spec"]["template"]["spec"]["containers"]
+    message = tmp_path / "termination-log"
+    message.write_text("")
+    done = subprocess.run([*container["command"], *container["args"]], cwd=tmp_path,
+                          env={"PATH": f"{bin_dir}:/usr/bin:/bin",
+                               "TERMINATION_MESSAGE_PATH": str(message)},
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == code
+    assert done.stdout == stdout
+    assert done.stderr.startswith("args: pipeline snapshot-at --archive s3://old-backups/team ")
+    assert message.read_text() == ('{"cluster_id": "x"}\n' if code == 0 else "")
 
 
 @pytest.mark.parametrize(
