@@ -30,6 +30,7 @@ _RESOURCES = {
     "Secret": ("/api/v1", "secrets"),
     "Event": ("/api/v1", "events"),
     "ConfigMap": ("/api/v1", "configmaps"),
+    "Job": ("/apis/batch/v1", "jobs"),
 }
 
 
@@ -77,10 +78,12 @@ class Kube:
         path = object_path(kind, namespace, name) + (f"/{subresource}" if subresource else "")
         return self._call("PATCH", path, patch, "application/merge-patch+json")
 
-    def delete(self, kind: str, namespace: str, name: str) -> bool:
-        """True if it was there."""
+    def delete(self, kind: str, namespace: str, name: str, propagation: str | None = None) -> bool:
+        """True if it was there. `propagation` ("Background", "Foreground") deletes what the
+        object owns too; a Job deleted through the API without it leaves its pods behind."""
+        query = f"?{urlencode({'propagationPolicy': propagation})}" if propagation else ""
         try:
-            self._call("DELETE", object_path(kind, namespace, name))
+            self._call("DELETE", object_path(kind, namespace, name) + query)
         except ApiError as exc:
             if exc.status == 404:
                 return False

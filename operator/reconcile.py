@@ -22,10 +22,11 @@ from typing import Any
 
 from flotilla.client import FlotillaError
 
-from . import render
+from . import render, restorejob
 from .kube import ApiError, Kube
 from .members import Members
 from .planner import CatchUp, Observed, Plan, Record, Slot, Step, plan
+from .restorejob import Move, Stage
 from .spec import ClusterSpec, SpecError
 
 __all__ = ["Outcome", "finalize", "reconcile"]
@@ -78,8 +79,16 @@ def reconcile(kube: Kube, body: Mapping[str, Any], *, default_image: str,
         return Outcome(status, [("Warning", "InvalidSpec", str(exc))])
 
     record = _record(old)
-    members = Members(spec, _token(kube, spec))
     sts = kube.get("StatefulSet", spec.namespace, spec.name)
+    # A point-in-time restore: the snapshot Job first; no member before it has succeeded.
+    stage: Stage | None = None
+    events: list[tuple[str, str, str]] = []
+    if spec.restored_cluster_id is not None and sts is None and not record.bootstrapped:
+        stage, events = _restore_stage(kube, spec, old)
+        if not stage.restored:
+            return Outcome(_restoring_status(spec, old, stage), events)
+
+    members = Members(spec, _token(kube, spec))
     size = int((sts or {}).get("spec", {}).get("replicas") or 0)
     pods = {p["metadata"]["name"]: p for p in kube.list("Pod", spec.namespace, spec.selector)}
     pvcs = {p["metadata"]["name"] for p in kube.list("PersistentVolumeClaim", spec.namespace,
@@ -99,7 +108,6 @@ def reconcile(kube: Kube, body: Mapping[str, Any], *, default_image: str,
                            delete_removed_volumes=spec.storage.removed_volume_policy
                            == "Delete"))
     action = result.action
-    events: list[tuple[str, str, str]] = []
     lead = result.leader_status or {}
     config = lead.get("config") or {}
     voters = list(config.get("voters") or [])
@@ -134,7 +142,7 @@ def reconcile(kube: Kube, body: Mapping[str, Any], *, default_image: str,
                            f"{action.describe()}; failed, retried next round: {step_error}"))
         else:
             events.append(("Normal", REASONS[action.step], action.describe()))
-    status = _status(spec, old, result, pods, statuses, voters, step_error)
+    status = _status(spec, old, result, pods, statuses, voters, step_error, stage)
     return Outcome(status, events, result)
 
 
@@ -155,6 +163,74 @@ def finalize(kube: Kube, body: Mapping[str, Any], *, default_image: str) -> str:
         return "no final snapshot: no member runs"
     doc = members.snapshot(running)
     return f"final snapshot at index {doc['index']} shipped to {doc.get('location')}"
+
+
+# --- the point-in-time restore stage ---------------------------------------------------------
+
+
+def _restore_stage(kube: Kube, spec: ClusterSpec,
+                   old: Mapping[str, Any]) -> tuple[Stage, list[tuple[str, str, str]]]:
+    """Observe the snapshot Job, decide (restorejob.decide) and act: create it, delete a
+    foreign one, or nothing. Events mark the turns: created, succeeded, failed (once each,
+    whatever the number of rounds or operator restarts: the previous reason is in status)."""
+    name = spec.restore_job_name
+    job = kube.get("Job", spec.namespace, name)
+    pods = kube.list("Pod", spec.namespace, spec.restore_job_selector) if job else []
+    stage = restorejob.decide(spec, restorejob.observe(job, pods, spec.uid))
+    before = _condition(old, "Restored").get("reason")
+    events: list[tuple[str, str, str]] = []
+    if stage.move is Move.CREATE_JOB:
+        kube.create(render.restore_job(spec))
+        events.append(("Normal", "RestoreJobCreated", stage.message))
+    elif stage.move is Move.DELETE_JOB:
+        kube.delete("Job", spec.namespace, name, propagation="Background")
+    elif stage.move is Move.STOP and before != stage.reason:
+        events.append(("Warning", "RestoreJobFailed", stage.message))
+    elif stage.move is Move.PROCEED and before != stage.reason:
+        events.append(("Normal", "RestoreJobSucceeded", stage.message))
+    return stage, events
+
+
+def _restoring_status(spec: ClusterSpec, old: Mapping[str, Any], stage: Stage) -> dict[str, Any]:
+    """While the snapshot Job runs, or after it failed: no member, no StatefulSet."""
+    failed = stage.move is Move.STOP
+    status: dict[str, Any] = {
+        "observedGeneration": spec.generation,
+        "phase": stage.phase,
+        "replicas": 0,
+        "readyReplicas": 0,
+        "selector": spec.selector,
+        "clusterId": spec.cluster_id,
+        "bootstrapped": False,
+        "restore": _restore_record(spec, stage, old),
+        "lastAction": f"{stage.move.value}: {stage.message}",
+    }
+    status["conditions"] = _conditions(old, {
+        "Ready": (False, stage.reason if failed else "Restoring", stage.message),
+        "Progressing": (not failed, stage.reason, "no member starts until the restore Job is "
+                        "run again" if failed else stage.message),
+        "Restored": (False, stage.reason, stage.message),
+    }, spec.generation)
+    return status
+
+
+def _restore_record(spec: ClusterSpec, stage: Stage | None,
+                    old: Mapping[str, Any]) -> dict[str, Any]:
+    """status.restore: the Job, the cluster it publishes, and once it has, what it restored."""
+    record = {"job": spec.restore_job_name, "clusterId": spec.restored_cluster_id or ""}
+    result = stage.result if stage is not None else None
+    if result is not None:
+        record.update(index=result.index, term=result.term)
+        if result.time:
+            record["time"] = result.time
+    elif stage is None:  # after the stage: what was recorded then
+        recorded = old.get("restore") or {}
+        record.update({k: recorded[k] for k in ("index", "term", "time") if k in recorded})
+    return record
+
+
+def _condition(status: Mapping[str, Any], kind: str) -> Mapping[str, Any]:
+    return next((c for c in status.get("conditions") or [] if c.get("type") == kind), {})
 
 
 # --- steps ----------------------------------------------------------------------------------
@@ -291,7 +367,8 @@ def _rfc3339(epoch: float) -> str:
 
 def _status(spec: ClusterSpec, old: Mapping[str, Any], result: Plan,
             pods: Mapping[str, Any], statuses: Mapping[str, Any], voters: list[str],
-            step_error: str | None) -> dict[str, Any]:
+            step_error: str | None, stage: Stage | None = None) -> dict[str, Any]:
+    """`stage`: the restore stage, when it ended this round (else what status recorded)."""
     lead = result.leader_status or {}
     record = result.record
     config = lead.get("config") or {}
@@ -355,6 +432,11 @@ def _status(spec: ClusterSpec, old: Mapping[str, Any], result: Plan,
         wanted["Archiving"] = (bool(lead) and not error, "ArchiveError" if error else (
             "Shipping" if lead else "NoLeader"), error or f"archived up to index "
             f"{archive.get('last_archived_index') or 0} of {commit}")
+    if spec.restored_cluster_id is not None:
+        status["restore"] = _restore_record(spec, stage, old)
+        restored = _condition(old, "Restored")
+        wanted["Restored"] = (True, restorejob.SUCCEEDED, stage.message if stage is not None
+                              else str(restored.get("message") or "the snapshot Job succeeded"))
     status["conditions"] = _conditions(old, wanted, generation)
     return status
 
