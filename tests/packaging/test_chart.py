@@ -42,6 +42,7 @@ EXPECTED_RULES: dict[tuple[str, str], set[str]] = {
     ("", "services"): {"get", "list", "watch", "create", "patch"},
     ("policy", "poddisruptionbudgets"): {"get", "list", "watch", "create", "patch"},
     ("", "pods"): {"get", "list", "watch", "delete"},
+    ("batch", "jobs"): {"get", "list", "watch", "create", "delete"},
     ("", "persistentvolumeclaims"): {"get", "list", "watch", "delete"},
     ("", "secrets"): {"get"},
     ("", "configmaps"): {"get", "list", "watch", "create", "patch"},
