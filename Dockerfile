@@ -1,21 +1,24 @@
 # syntax=docker/dockerfile:1
 #
-# One image for every part of Flotilla: `flotilla node` (the members), `flotilla operator` and
-# the local tools. Build from the repository root:
+# One image for every part of Flotilla: `flotilla node` (the members), `flotilla operator`, the
+# pipeline (`flotilla pipeline`, which the operator runs as the Job of a point-in-time restore)
+# and the local tools. Build from the repository root:
 #
 #   docker build -t flotilla:0.1.0 .
 #
-# The pipeline's PySpark jobs are left out by default: pyspark is some 300 MB and needs a Java
-# runtime, and neither the members nor the operator use it. To build an image that also runs
-# the pipeline (the `pipeline` extra of pyproject.toml, plus a headless JRE):
+# The pipeline is the `pipeline` extra of pyproject.toml (PySpark, pyarrow, pandas: some 800 MB
+# installed) plus a headless Java 17 runtime (some 230 MB with its libraries). Members and the
+# operator never use it; an image for them alone, without point-in-time restores (their Job
+# would fail at once, saying PySpark is missing), leaves both out:
 #
-#   docker build --build-arg FLOTILLA_EXTRAS=pipeline -t flotilla:0.1.0-pipeline .
+#   docker build --build-arg FLOTILLA_EXTRAS= -t flotilla:0.1.0-slim .
 
-ARG PYTHON_IMAGE=python:3.11-slim
+# Debian 12 (bookworm): the Debian release that packages Java 17, which Spark 4 runs on.
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 # --- builder: a wheel of the repository and wheels of everything it depends on -------------
 FROM ${PYTHON_IMAGE} AS builder
-ARG FLOTILLA_EXTRAS=""
+ARG FLOTILLA_EXTRAS="pipeline"
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
@@ -32,7 +35,7 @@ RUN pip wheel --wheel-dir /wheels ".${FLOTILLA_EXTRAS:+[${FLOTILLA_EXTRAS}]}"
 FROM ${PYTHON_IMAGE}
 # (re-declared: an ARG before the first FROM is only visible to FROM lines)
 ARG PYTHON_IMAGE
-ARG FLOTILLA_EXTRAS=""
+ARG FLOTILLA_EXTRAS="pipeline"
 ARG VERSION=0.1.0
 ARG REVISION=unknown
 
@@ -57,9 +60,11 @@ RUN groupadd --system --gid 10001 flotilla \
  && chown 10001:10001 /var/lib/flotilla
 
 # The pipeline extra runs Spark, which needs a Java runtime (a runtime, not a build tool).
+# (The JRE's install scripts link its man pages into a folder the slim image does not have.)
 RUN case ",${FLOTILLA_EXTRAS}," in \
-      *,pipeline,*) apt-get update \
-        && apt-get install -y --no-install-recommends default-jre-headless \
+      *,pipeline,*) mkdir -p /usr/share/man/man1 \
+        && apt-get update \
+        && apt-get install -y --no-install-recommends openjdk-17-jre-headless \
         && rm -rf /var/lib/apt/lists/* ;; \
     esac
 

@@ -170,9 +170,10 @@ def ignored(path: str) -> bool:
 # --- stages and base image --------------------------------------------------------------------
 
 
-def test_two_stages_from_python_311_slim():
+def test_two_stages_from_python_311_slim_on_bookworm():
+    """Bookworm: the Debian release whose packages hold Java 17 (Debian 13 has none)."""
     global_args, stages = parse()
-    assert global_args.get("PYTHON_IMAGE") == "python:3.11-slim"
+    assert global_args.get("PYTHON_IMAGE") == "python:3.11-slim-bookworm"
     assert [s.base for s in stages] == ["${PYTHON_IMAGE}", "${PYTHON_IMAGE}"]
     assert stages[0].name == "builder"
     assert stages[-1].name is None
@@ -227,12 +228,16 @@ def test_no_build_tools_in_the_final_stage():
         assert not BUILD_TOOLS.search(run.args), f"build tools in the final image: {run.args}"
 
 
-def test_the_pipeline_extra_is_opt_in_through_a_build_arg():
+def test_the_pipeline_and_java_17_are_in_by_default_and_can_be_left_out():
+    """The operator runs the pipeline's snapshot-at as a Job in the cluster's image."""
     assert "pipeline" in PYPROJECT["project"]["optional-dependencies"]
     for stage in (builder_stage(), final_stage()):
-        assert Instruction("ARG", 'FLOTILLA_EXTRAS=""') in stage.instructions
-    text = DOCKERFILE.read_text()
-    assert "--build-arg FLOTILLA_EXTRAS=pipeline" in text
+        assert Instruction("ARG", 'FLOTILLA_EXTRAS="pipeline"') in stage.instructions
+    (java,) = [r.args for r in final_stage().all("RUN") if "apt-get install" in r.args]
+    assert "*,pipeline,*)" in java  # only with the extra
+    assert "--no-install-recommends openjdk-17-jre-headless" in java
+    assert "rm -rf /var/lib/apt/lists/*" in java
+    assert "--build-arg FLOTILLA_EXTRAS= " in DOCKERFILE.read_text()
 
 
 def test_labels_follow_opencontainers():
@@ -357,3 +362,7 @@ def test_the_image_builds_runs_flotilla_as_10001_and_has_no_compiler():
     assert writable.stdout.strip() == "ok"
     assert run("--entrypoint", "python", tag, "-c", "import operator; operator.add").returncode \
         == 0
+    # what the restore Job runs: Spark on Java 17, from a read-only root
+    assert 'version "17.' in run("--entrypoint", "java", tag, "-version").stderr
+    assert run("--read-only", tag, "pipeline", "snapshot-at", "--help").returncode == 0
+    assert run("--entrypoint", "python", tag, "-c", "import pyspark, pyarrow").returncode == 0
