@@ -10,6 +10,15 @@ process and its /readyz. Deleting a Pod kills its process (the controller starts
 deleting a claim wipes its directory. Cluster DNS is played by rewriting
 `http://POD.SVC.NS.svc:PORT` into the pod's loopback address, and the operator finds members
 through the FLOTILLA_OPERATOR_MEMBER_URLS file this writes.
+
+It also plays the Job controller: each Job's container command runs as a real process (the
+image's PATH is this virtualenv's; env resolved as for members, `$(VAR)` in the command line
+too; an emptyDir and the termination-log file become directories and files under the test's
+root, where an env value names them), under a Pod object that ends with the terminated state
+and termination message the kubelet would write (FallbackToLogsOnError: the log's tail on a
+failure without a message). The Job's status follows its pods: Complete, or Failed by its
+podFailurePolicy's FailJob exit codes or past its backoffLimit, with retries in between. A
+deleted Job takes its pods and process with it (background propagation).
 """
 
 from __future__ import annotations
@@ -51,9 +60,50 @@ RESOURCES = {
     "v1/persistentvolumeclaims": ("PersistentVolumeClaim", set()),
     "v1/secrets": ("Secret", set()),
     "v1/configmaps": ("ConfigMap", set()),
+    "batch/v1/jobs": ("Job", set()),
 }
 VERBS = {"list", "watch", "get", "create", "patch", "delete"}
 _DNS = re.compile(r"http://([a-z0-9-]+)\.[a-z0-9-]+\.[a-z0-9-]+\.svc:(2379|2380)")
+
+
+@attrs.define
+class JobRun:
+    """The running (or just ended) pod of a Job, and the pods it had before."""
+
+    job_uid: str | None
+    proc: subprocess.Popen
+    pod: str
+    pods: list[str]
+    message: Path  # the termination-log file, as mounted into the container
+    log: Path
+    container: dict[str, Any]
+
+
+def _expand(word: str, env: dict[str, str]) -> str:
+    """The kubelet's expansion of command and args: $(VAR) from the container's env, $$ a $."""
+    return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
+                  lambda m: "$" if m[0] == "$$" else env.get(m[1], m[0]), word)
+
+
+def _fail_job_rule(policy: dict[str, Any] | None, container: str, code: int) -> int | None:
+    """The index of the podFailurePolicy rule that fails the Job for this exit code, if any
+    (the first matching rule decides; onExitCodes rules only, as the operator writes them)."""
+    for index, rule in enumerate((policy or {}).get("rules") or []):
+        on = rule.get("onExitCodes")
+        if on is None or on.get("containerName") not in (None, container):
+            continue
+        if (code in on["values"]) == (on["operator"] == "In"):
+            return index if rule["action"] == "FailJob" else None
+    return None
+
+
+def _killpg(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        proc.wait(10)
 
 
 def _revision(sts: dict[str, Any]) -> str:
@@ -203,6 +253,8 @@ class Kubelet:
         self.published: set[str] = set()  # pods whose Pod object this created
         self.crashed: dict[str, float] = {}  # pod -> when its process was seen exited
         self.errors: list[str] = []
+        self.job_runs: dict[str, JobRun] = {}  # Job name -> its current pod's process
+        self.job_pods: list[str] = []  # Job pods in the order they were started
         self.urls_file.write_text("{}")
 
     def start(self) -> Kubelet:
@@ -214,11 +266,14 @@ class Kubelet:
         self._thread.join(10)
         for name in list(self.procs):
             self._kill(name, signal.SIGKILL)
+        for run in self.job_runs.values():
+            _killpg(run.proc)
 
     def _loop(self) -> None:
         while not self._stop.is_set():
             try:
                 self.sync()
+                self.sync_jobs()
             except Exception as exc:  # keep playing the kubelet; the test reads the errors
                 self.errors.append(f"{type(exc).__name__}: {exc}")
             self._stop.wait(0.2)
@@ -265,6 +320,121 @@ class Kubelet:
                 del self.crashed[pod]
                 self._start(pod, sts)
             self._publish(pod, sts, pods.get(pod))
+
+    # --- the Job controller and the kubelet for its pods -------------------------------------
+
+    def sync_jobs(self) -> None:
+        jobs = {j["metadata"]["name"]: j for j in self.api.list("Job", self.namespace, "")}
+        for name in [n for n in self.job_runs if n not in jobs]:  # deleted: its pods go too
+            run = self.job_runs.pop(name)
+            _killpg(run.proc)
+            for pod in run.pods:
+                self.api.delete("Pod", self.namespace, pod)
+        for name, job in jobs.items():
+            conditions = {c["type"] for c in (job.get("status") or {}).get("conditions") or []
+                          if c.get("status") == "True"}
+            if conditions & {"Complete", "Failed"}:
+                continue
+            run = self.job_runs.get(name)
+            if run is not None and run.job_uid != job["metadata"].get("uid"):  # replaced
+                _killpg(run.proc)
+                for pod in run.pods:
+                    self.api.delete("Pod", self.namespace, pod)
+                run = None
+            if run is None:
+                self.job_runs[name] = self._start_job_pod(job, [])
+                self._job_status(job, active=1)
+            elif run.proc.poll() is not None:
+                self._end_job_pod(job, run)
+
+    def _start_job_pod(self, job: dict[str, Any], earlier: list[str]) -> JobRun:
+        name = job["metadata"]["name"]
+        pod = f"{name}-{uuid.uuid4().hex[:5]}"
+        template = job["spec"]["template"]
+        (container,) = template["spec"]["containers"]
+        scratch = self.root / "pods" / pod
+        scratch.mkdir(parents=True)
+        mounted = {m["mountPath"]: scratch / m["name"] for m in container.get("volumeMounts")
+                   or []}
+        for path in mounted.values():
+            path.mkdir()
+        message = scratch / "termination-log"
+        message.write_text("")
+        mounted[container.get("terminationMessagePath") or "/dev/termination-log"] = message
+        env = {k: str(mounted.get(v, v))  # a value naming a mount is that mount's host path
+               for k, v in self.resolve_env(pod, container.get("env") or []).items()}
+        command = [_expand(word, env) for word in
+                   [*(container.get("command") or []), *(container.get("args") or [])]]
+        base = {k: v for k, v in os.environ.items() if not k.startswith("FLOTILLA_")}
+        base["PATH"] = f"{Path(sys.executable).parent}:{base.get('PATH', '/usr/bin:/bin')}"
+        workdir = mounted.get(container.get("workingDir") or "", scratch)
+        log_path = self.root / f"{pod}.log"
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(command, env={**base, **env}, cwd=workdir, stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        self.job_pods.append(pod)
+        labels = {**(template["metadata"].get("labels") or {}),
+                  "batch.kubernetes.io/job-name": name}
+        self.api.create({"apiVersion": "v1", "kind": "Pod",
+                         "metadata": {"name": pod, "namespace": self.namespace, "labels": labels},
+                         "spec": template["spec"],
+                         "status": {"phase": "Running", "containerStatuses": [
+                             {"name": container["name"], "ready": True, "restartCount": 0,
+                              "state": {"running": {}}}]}})
+        return JobRun(job["metadata"].get("uid"), proc, pod, [*earlier, pod], message, log_path,
+                      container)
+
+    def _end_job_pod(self, job: dict[str, Any], run: JobRun) -> None:
+        code = run.proc.returncode
+        code = 128 - code if code < 0 else code  # killed by a signal, as a container reports it
+        message = run.message.read_text()
+        if not message and code != 0 and run.container.get(
+                "terminationMessagePolicy") == "FallbackToLogsOnError":
+            tail = run.log.read_bytes().splitlines()[-80:]
+            message = b"\n".join(tail)[-2048:].decode(errors="replace")
+        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        self.api.patch("Pod", self.namespace, run.pod, {"status": {
+            "phase": "Succeeded" if code == 0 else "Failed",
+            "containerStatuses": [{"name": run.container["name"], "ready": False,
+                                   "restartCount": 0, "state": {"terminated": {
+                                       "exitCode": code, "reason": "Completed" if code == 0
+                                       else "Error", "message": message, "finishedAt": now}}}]}})
+        spec, status = job["spec"], job.get("status") or {}
+        if code == 0:
+            self._job_status(job, succeeded=1, conditions=[
+                ("SuccessCriteriaMet", "CompletionsReached", "Reached expected number of "
+                                                             "succeeded pods"),
+                ("Complete", "CompletionsReached", "Reached expected number of succeeded pods")])
+            return
+        failed = int(status.get("failed") or 0) + 1
+        rule = _fail_job_rule(spec.get("podFailurePolicy"), run.container["name"], code)
+        if rule is not None:
+            why = (f"Container {run.container['name']} for pod {self.namespace}/{run.pod} "
+                   f"failed with exit code {code} matching FailJob rule at index {rule}")
+            self._job_status(job, failed=failed, conditions=[
+                ("FailureTarget", "PodFailurePolicy", why), ("Failed", "PodFailurePolicy", why)])
+        elif failed > int(spec.get("backoffLimit", 6)):
+            why = "Job has reached the specified backoff limit"
+            self._job_status(job, failed=failed, conditions=[
+                ("FailureTarget", "BackoffLimitExceeded", why),
+                ("Failed", "BackoffLimitExceeded", why)])
+        else:
+            self._job_status(job, failed=failed, active=1)
+            self.job_runs[job["metadata"]["name"]] = self._start_job_pod(job, run.pods)
+
+    def _job_status(self, job: dict[str, Any], active: int = 0, succeeded: int = 0,
+                    failed: int | None = None,
+                    conditions: list[tuple[str, str, str]] | None = None) -> None:
+        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        status: dict[str, Any] = {"active": active, "succeeded": succeeded}
+        if failed is not None:
+            status["failed"] = failed
+        if conditions:
+            status["conditions"] = [{"type": kind, "status": "True", "reason": reason,
+                                     "message": message, "lastTransitionTime": now}
+                                    for kind, reason, message in conditions]
+            status["completionTime" if succeeded else "failedTime"] = now
+        self.api.patch("Job", self.namespace, job["metadata"]["name"], {"status": status})
 
     def _claim(self, sts: dict[str, Any], claim: str) -> dict[str, Any]:
         template = sts["spec"]["volumeClaimTemplates"][0]

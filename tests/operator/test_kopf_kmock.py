@@ -14,6 +14,7 @@ into the archive before letting it go.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import subprocess
 import sys
@@ -382,3 +383,159 @@ def test_a_template_change_rolls_members_one_at_a_time_leader_last(world):
     with Client(urls, timeout=10) as c:
         for key, value in acknowledged.items():
             assert c.get(key).value == value
+
+
+# --- point-in-time restore: the snapshot Job, then the members ----------------------------------
+
+
+def pipeline_has_time() -> bool:
+    from flotilla.pipeline.main import build_parser
+
+    snapshot_at = build_parser()._subparsers._group_actions[0].choices["snapshot-at"]
+    return "--time" in snapshot_at._option_string_actions
+
+
+def archived_source(api, kubelet, archive: str) -> list[tuple[int, str, bytes | None]]:
+    """A one-member cluster `demo` that writes, overwrites and deletes keys and has archived
+    all of it: (index, key, value or None for a delete), in log order."""
+    ready_cluster(api, kubelet, raft_cluster(archive, replicas=1), replicas=1)
+    history: list[tuple[int, str, bytes | None]] = []
+    with Client(kubelet.client_url("demo-0"), timeout=10) as c:
+        for i in range(30):
+            value = f"v{i}".encode()
+            history.append((c.put(f"k{i % 20}", value).index, f"k{i % 20}", value))
+            if i % 7 == 6:
+                history.append((c.delete(f"k{i % 5}").index, f"k{i % 5}", None))
+        last = history[-1][0]
+        wait_for(lambda: (c.status()["archive"]["last_archived_index"] or 0) >= last, 30,
+                 f"the archive to reach index {last}")
+    return history
+
+
+def state_at(history: list[tuple[int, str, bytes | None]], index: int) -> dict[str, bytes]:
+    state: dict[str, bytes] = {}
+    for at, key, value in history:
+        if at <= index:
+            if value is None:
+                state.pop(key, None)
+            else:
+                state[key] = value
+    return state
+
+
+def restoring(archive: str, restore: dict[str, Any]) -> dict[str, Any]:
+    body = raft_cluster(archive)
+    body["metadata"].update(name="restored", uid="11112222-aaaa-bbbb-cccc-1234567890ab")
+    body["spec"]["archive"]["url"] = archive + "-restored"  # its own archive, elsewhere
+    body["spec"]["bootstrap"] = {"restore": {"url": archive, **restore}}
+    return body
+
+
+def test_a_point_in_time_restore_runs_the_snapshot_job_then_the_members(world):
+    """The one real Spark run of the operator's tests: the Job publishes the state at an index
+    of the source's archive, and the members of the new cluster restore exactly that."""
+    _, api, kubelet, root = world
+    (root / "archive").mkdir()
+    archive = (root / "archive").as_uri()
+    history = archived_source(api, kubelet, archive)
+    target = history[len(history) // 2][0]  # overwritten and deleted keys on both sides
+    expected = state_at(history, target)
+    assert expected != state_at(history, history[-1][0])
+
+    api.create(restoring(archive, {"index": target}))
+    running = wait_status(api, lambda s: s.get("phase") == "Restoring", "the restore Job to run",
+                          30, kubelet, "restored")
+    conditions = {c["type"]: (c["status"], c["reason"]) for c in running["conditions"]}
+    assert conditions["Restored"] == ("False", "SnapshotJobRunning")
+    job = get(api, "Job", "restored-restore")
+    assert job["metadata"]["ownerReferences"][0]["name"] == "restored"
+    produced = f"{running['clusterId']}-at-{target}"
+    assert job["spec"]["template"]["spec"]["containers"][0]["args"][-2:] == [
+        "--to-cluster-id", produced]
+    assert get(api, "StatefulSet", "restored") is None  # no member before the state exists
+
+    status = wait_status(api, lambda s: s.get("phase") == "Ready" and s.get("replicas") == 3,
+                         "the restored cluster Ready with 3 voters", 180, kubelet, "restored")
+    assert kubelet.job_pods and all(p.startswith("restored-restore-") for p in kubelet.job_pods)
+    assert len(kubelet.job_pods) == 1, "one run of the Job: no retry"
+    # The status says what the pipeline reported in its result line (the pod's termination
+    # message): the cluster, the index asked for, its term, and its time when it is known.
+    (pod,) = [p for p in api.list("Pod", NS, "") if p["metadata"]["name"] == kubelet.job_pods[0]]
+    terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert terminated["exitCode"] == 0
+    result = json.loads(terminated["message"])
+    assert (result["cluster_id"], result["index"]) == (produced, target)
+    restore = status["restore"]
+    assert restore == {"job": "restored-restore", "clusterId": produced, "index": target,
+                       "term": result["term"],
+                       **({"time": result["time"]} if result["time"] else {})}
+    assert restore["term"] >= 1
+    conditions = {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+    assert conditions["Restored"] == ("True", "SnapshotJobSucceeded")
+    assert_admitted(api, "restored")
+    reasons = [reason for _, reason, _ in events(api)]
+    assert reasons.index("RestoreJobCreated") < reasons.index("RestoreJobSucceeded")
+    created_sts = [i for i, (_, r, m) in enumerate(events(api)) if r == "Created"
+                   and m == "StatefulSet restored"]
+    assert created_sts and created_sts[0] > reasons.index("RestoreJobSucceeded")
+    env = env_of(get(api, "StatefulSet", "restored"))
+    assert (env["FLOTILLA_RESTORE_FROM"], env["FLOTILLA_RESTORE_CLUSTER_ID"]) == (
+        archive, produced)
+    assert "FLOTILLA_RESTORE_INDEX" not in env
+
+    urls = [kubelet.client_url(f"restored-{i}") for i in range(3)]
+    with Client(urls, timeout=10) as c:
+        assert sorted(c.list().keys) == sorted(expected)
+        for key, value in expected.items():
+            assert c.get(key).value == value
+        for i in range(3):  # every member restored the same state
+            assert sorted(c.status(urls[i])["config"]["voters"]) == [
+                "restored-0", "restored-1", "restored-2"]
+        c.put("after", b"restore")
+
+
+@pytest.mark.parametrize("target", ["index", "time"])
+def test_a_restore_target_outside_the_archive_starts_no_member(world, target):
+    """The Job fails at once with the pipeline's exit 4 (before Spark starts): a condition
+    naming the restorable range, one Warning, no StatefulSet, no member, no retry."""
+    if target == "time" and not pipeline_has_time():
+        pytest.skip("the pipeline's snapshot-at --time is not in this tree yet")
+    _, api, kubelet, root = world
+    (root / "archive").mkdir()
+    archive = (root / "archive").as_uri()
+    history = archived_source(api, kubelet, archive)
+    outside = ({"index": history[-1][0] + 1000} if target == "index"
+               else {"time": "2001-01-01T00:00:00Z"})
+    api.create(restoring(archive, outside))
+    status = wait_status(api, lambda s: s.get("phase") == "RestoreFailed",
+                         "the restore to fail", 60, kubelet, "restored")
+    conditions = {c["type"]: c for c in status["conditions"]}
+    restored = conditions["Restored"]
+    assert (restored["status"], restored["reason"]) == ("False", "RestoreTargetOutsideArchive")
+    (pod,) = [p for p in api.list("Pod", NS, "") if p["metadata"]["name"].startswith(
+        "restored-restore-")]
+    terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert terminated["exitCode"] == 4
+    line = terminated["message"].strip().splitlines()[-1]
+    assert line.startswith("flotilla pipeline: ") and "outside" in line
+    assert line in restored["message"]
+    if target == "index":
+        assert f"(indexes 1..{history[-1][0]})" in restored["message"]
+    assert conditions["Ready"]["status"] == "False"
+    assert conditions["Ready"]["reason"] == "RestoreTargetOutsideArchive"
+    assert "delete this RaftCluster and create it again" in conditions["Ready"]["message"]
+    job = get(api, "Job", "restored-restore")
+    assert any(c["type"] == "Failed" and c["reason"] == "PodFailurePolicy"
+               for c in job["status"]["conditions"])
+    assert_admitted(api, "restored")
+
+    time.sleep(2)  # four more rounds: nothing is retried, started or announced again
+    warnings = [(reason, message) for kind, reason, message in events(api) if kind == "Warning"]
+    assert [reason for reason, _ in warnings] == ["RestoreJobFailed"]
+    assert line in warnings[0][1]
+    assert get(api, "StatefulSet", "restored") is None
+    assert api.list("Pod", NS, "app.kubernetes.io/instance=restored,"
+                               "app.kubernetes.io/name=flotilla") == []
+    assert not [p for p in kubelet.started if p.startswith("restored-")]
+    assert len(kubelet.job_pods) == 1
+    assert status_of(api, "restored")["phase"] == "RestoreFailed"
