@@ -227,8 +227,9 @@ def _example(name: str, kind: str = "RaftCluster") -> dict[str, Any]:
     return next(d for d in _documents(ROOT / "examples" / name) if d["kind"] == kind)
 
 
-def test_the_three_examples_exist() -> None:
-    assert [p.name for p in EXAMPLES] == ["basic.yaml", "restore.yaml", "s3-archive.yaml"]
+def test_the_four_examples_exist() -> None:
+    assert [p.name for p in EXAMPLES] == ["basic.yaml", "restore-point-in-time.yaml",
+                                          "restore.yaml", "s3-archive.yaml"]
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
@@ -287,6 +288,20 @@ def test_restore_example_commented_variants_are_valid(validator: CRDValidator) -
     restore = validator.admit(doc)[0]["spec"]["bootstrap"]["restore"]
     assert restore == {"url": "s3://flotilla-archive/orders",
                        "clusterId": "default-orders-1f2e3d4c", "index": 120000}
+
+
+def test_point_in_time_example_reads_the_s3_example_archive_at_a_time(
+    validator: CRDValidator,
+) -> None:
+    restore = _example("restore-point-in-time.yaml")
+    old_archive = _example("s3-archive.yaml")["spec"]["archive"]
+    stored = validator.admit(restore)[0]["spec"]
+    assert stored["bootstrap"]["restore"] == {"url": old_archive["url"],
+                                              "clusterId": "default-orders-1f2e3d4c",
+                                              "time": "2026-11-25T17:00:00.250Z"}
+    assert stored["archive"]["url"] != old_archive["url"]
+    secret = old_archive["credentialsSecret"]["name"]
+    assert stored["archive"]["credentialsSecret"]["name"] == secret
 
 
 # --- what the API server refuses ------------------------------------------------------------
