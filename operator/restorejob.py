@@ -101,7 +101,11 @@ def observe(job: Mapping[str, Any] | None, pods: Iterable[Mapping[str, Any]],
     succeeded = conditions.get("Complete") or conditions.get("SuccessCriteriaMet")
     if failed is None and succeeded is None:
         return JobRun(JobPhase.RUNNING)
-    exit_code, message = _last_termination(pods)
+    # Only this Job's own pods: those of a Job it replaced may linger until collected.
+    uid = (job.get("metadata") or {}).get("uid")
+    exit_code, message = _last_termination(
+        p for p in pods if not uid or any(o.get("uid") == uid for o in (
+            p.get("metadata") or {}).get("ownerReferences") or []))
     if failed is not None:
         return JobRun(JobPhase.FAILED, exit_code,
                       message or str(failed.get("message") or failed.get("reason") or ""))

@@ -374,9 +374,13 @@ class Kubelet:
                                     stderr=subprocess.STDOUT, start_new_session=True)
         self.job_pods.append(pod)
         labels = {**(template["metadata"].get("labels") or {}),
-                  "batch.kubernetes.io/job-name": name}
+                  "batch.kubernetes.io/job-name": name,
+                  "batch.kubernetes.io/controller-uid": job["metadata"]["uid"]}
+        owner = {"apiVersion": "batch/v1", "kind": "Job", "name": name,
+                 "uid": job["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
         self.api.create({"apiVersion": "v1", "kind": "Pod",
-                         "metadata": {"name": pod, "namespace": self.namespace, "labels": labels},
+                         "metadata": {"name": pod, "namespace": self.namespace, "labels": labels,
+                                      "ownerReferences": [owner]},
                          "spec": template["spec"],
                          "status": {"phase": "Running", "containerStatuses": [
                              {"name": container["name"], "ready": True, "restartCount": 0,

@@ -29,20 +29,26 @@ OUTSIDE = ("flotilla pipeline: index 900 is outside what s3://old-backups/team c
            "(indexes 1..57); pick an --index there")
 
 
+JOB_UID = "7d0c-job"
+
+
 def job(*conditions: tuple[str, str], owner: str = UID) -> dict[str, Any]:
     doc = render.restore_job(SPEC)
     doc["metadata"]["ownerReferences"][0]["uid"] = owner
+    doc["metadata"]["uid"] = JOB_UID
     doc["status"] = {"conditions": [{"type": kind, "status": "True", "reason": reason,
                                      "message": f"{kind}: {reason}"}
                                     for kind, reason in conditions]}
     return doc
 
 
-def pod(name: str, code: int | None, message: str = "", finished: str = "") -> dict[str, Any]:
+def pod(name: str, code: int | None, message: str = "", finished: str = "",
+        job_uid: str = JOB_UID) -> dict[str, Any]:
     state = ({"running": {}} if code is None else
              {"terminated": {"exitCode": code, "message": message, "finishedAt": finished}})
     return {"metadata": {"name": name, "creationTimestamp": finished or "2026-01-01T00:00:00Z",
-                         "labels": SPEC.restore_job_labels},
+                         "labels": SPEC.restore_job_labels,
+                         "ownerReferences": [{"kind": "Job", "uid": job_uid}]},
             "status": {"containerStatuses": [{"name": "snapshot-at", "state": state}]}}
 
 
@@ -75,6 +81,14 @@ def test_a_failed_job_gives_the_last_line_of_its_last_pod(kind):
                 "2026-01-01T00:01:00Z")]
     run = observe(job((kind, "PodFailurePolicy")), pods, UID)
     assert run == JobRun(JobPhase.FAILED, 4, OUTSIDE)
+
+
+def test_only_the_jobs_own_pods_speak():
+    """A replaced Job's pods carry the same labels until they are collected."""
+    pods = [pod("old", 4, OUTSIDE, "2026-01-01T00:09:00Z", job_uid="an-earlier-job"),
+            pod("ours", 0, RESULT, "2026-01-01T00:01:00Z")]
+    run = observe(job(("Complete", "CompletionsReached")), pods, UID)
+    assert (run.phase, run.exit_code, run.message) == (JobPhase.SUCCEEDED, 0, RESULT)
 
 
 def test_a_failed_job_whose_pods_are_gone_gives_its_own_reason():
@@ -162,9 +176,11 @@ class MemoryKube:
                     o["metadata"].get("labels") or {}).items()]
 
     def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        obj = copy.deepcopy(obj)
         meta = obj["metadata"]
+        meta["uid"] = f"uid-{len(self.calls)}"  # what the API server assigns
         self.calls.append(("create", obj["kind"], meta["name"]))
-        self.objects[(obj["kind"], meta["namespace"], meta["name"])] = copy.deepcopy(obj)
+        self.objects[(obj["kind"], meta["namespace"], meta["name"])] = obj
         return obj
 
     def patch(self, kind: str, namespace: str, name: str, patch: dict[str, Any],
@@ -194,7 +210,8 @@ def conditions(status: dict[str, Any]) -> dict[str, tuple[str, str]]:
 def finish(kube: MemoryKube, kind: str, code: int, message: str) -> None:
     stored = kube.objects[("Job", "prod", "demo-restore")]
     stored["status"] = {"conditions": [{"type": kind, "status": "True"}]}
-    kube.objects[("Pod", "prod", "demo-restore-x1")] = pod("demo-restore-x1", code, message)
+    kube.objects[("Pod", "prod", "demo-restore-x1")] = pod(
+        "demo-restore-x1", code, message, job_uid=stored["metadata"]["uid"])
 
 
 def test_the_job_comes_first_and_members_only_after_it_succeeded():
