@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from flotilla.node.archive import format_ms, parse_time
 from flotilla.operator.members import MEMBER_URLS_ENV
 
 from flotilla.client import Client
@@ -388,20 +390,20 @@ def test_a_template_change_rolls_members_one_at_a_time_leader_last(world):
 # --- point-in-time restore: the snapshot Job, then the members ----------------------------------
 
 
-def pipeline_has_time() -> bool:
-    from flotilla.pipeline.main import build_parser
-
-    snapshot_at = build_parser()._subparsers._group_actions[0].choices["snapshot-at"]
-    return "--time" in snapshot_at._option_string_actions
-
-
-def archived_source(api, kubelet, archive: str) -> list[tuple[int, str, bytes | None]]:
+def archived_source(api, kubelet, archive: str) -> tuple[list[tuple[int, str, bytes | None]],
+                                                         int, int]:
     """A one-member cluster `demo` that writes, overwrites and deletes keys and has archived
-    all of it: (index, key, value or None for a delete), in log order."""
+    all of it: (index, key, value or None for a delete) in log order; a time (ms) between the
+    first half of those writes and the second; the index of the last write before that time."""
     ready_cluster(api, kubelet, raft_cluster(archive, replicas=1), replicas=1)
     history: list[tuple[int, str, bytes | None]] = []
+    middle = last_before = 0
     with Client(kubelet.client_url("demo-0"), timeout=10) as c:
         for i in range(30):
+            if i == 15:  # the member stamps entries with this machine's clock
+                time.sleep(0.05)
+                middle, last_before = time.time_ns() // 1_000_000, history[-1][0]
+                time.sleep(0.05)
             value = f"v{i}".encode()
             history.append((c.put(f"k{i % 20}", value).index, f"k{i % 20}", value))
             if i % 7 == 6:
@@ -409,7 +411,7 @@ def archived_source(api, kubelet, archive: str) -> list[tuple[int, str, bytes | 
         last = history[-1][0]
         wait_for(lambda: (c.status()["archive"]["last_archived_index"] or 0) >= last, 30,
                  f"the archive to reach index {last}")
-    return history
+    return history, middle, last_before
 
 
 def state_at(history: list[tuple[int, str, bytes | None]], index: int) -> dict[str, bytes]:
@@ -432,26 +434,26 @@ def restoring(archive: str, restore: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_a_point_in_time_restore_runs_the_snapshot_job_then_the_members(world):
-    """The one real Spark run of the operator's tests: the Job publishes the state at an index
+    """The one real Spark run of the operator's tests: the Job publishes the state at a time
     of the source's archive, and the members of the new cluster restore exactly that."""
     _, api, kubelet, root = world
     (root / "archive").mkdir()
     archive = (root / "archive").as_uri()
-    history = archived_source(api, kubelet, archive)
-    target = history[len(history) // 2][0]  # overwritten and deleted keys on both sides
+    history, middle, target = archived_source(api, kubelet, archive)
     expected = state_at(history, target)
     assert expected != state_at(history, history[-1][0])
+    asked = format_ms(middle)
 
-    api.create(restoring(archive, {"index": target}))
+    api.create(restoring(archive, {"time": asked}))
     running = wait_status(api, lambda s: s.get("phase") == "Restoring", "the restore Job to run",
                           30, kubelet, "restored")
     conditions = {c["type"]: (c["status"], c["reason"]) for c in running["conditions"]}
     assert conditions["Restored"] == ("False", "SnapshotJobRunning")
     job = get(api, "Job", "restored-restore")
     assert job["metadata"]["ownerReferences"][0]["name"] == "restored"
-    produced = f"{running['clusterId']}-at-{target}"
-    assert job["spec"]["template"]["spec"]["containers"][0]["args"][-2:] == [
-        "--to-cluster-id", produced]
+    produced = f"{running['clusterId']}-at-{re.sub('[-:]', '', asked).lower()}"
+    assert job["spec"]["template"]["spec"]["containers"][0]["args"][-4:] == [
+        "--time", asked, "--to-cluster-id", produced]
     assert get(api, "StatefulSet", "restored") is None  # no member before the state exists
 
     status = wait_status(api, lambda s: s.get("phase") == "Ready" and s.get("replicas") == 3,
@@ -459,7 +461,7 @@ def test_a_point_in_time_restore_runs_the_snapshot_job_then_the_members(world):
     assert kubelet.job_pods and all(p.startswith("restored-restore-") for p in kubelet.job_pods)
     assert len(kubelet.job_pods) == 1, "one run of the Job: no retry"
     # The status says what the pipeline reported in its result line (the pod's termination
-    # message): the cluster, the index asked for, its term, and its time when it is known.
+    # message): the cluster, the index the time resolved to, its term and its time.
     (pod,) = [p for p in api.list("Pod", NS, "") if p["metadata"]["name"] == kubelet.job_pods[0]]
     terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
     assert terminated["exitCode"] == 0
@@ -467,9 +469,9 @@ def test_a_point_in_time_restore_runs_the_snapshot_job_then_the_members(world):
     assert (result["cluster_id"], result["index"]) == (produced, target)
     restore = status["restore"]
     assert restore == {"job": "restored-restore", "clusterId": produced, "index": target,
-                       "term": result["term"],
-                       **({"time": result["time"]} if result["time"] else {})}
+                       "term": result["term"], "time": result["time"]}
     assert restore["term"] >= 1
+    assert middle - 5000 < parse_time(restore["time"]) <= middle
     conditions = {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
     assert conditions["Restored"] == ("True", "SnapshotJobSucceeded")
     assert_admitted(api, "restored")
@@ -481,7 +483,7 @@ def test_a_point_in_time_restore_runs_the_snapshot_job_then_the_members(world):
     env = env_of(get(api, "StatefulSet", "restored"))
     assert (env["FLOTILLA_RESTORE_FROM"], env["FLOTILLA_RESTORE_CLUSTER_ID"]) == (
         archive, produced)
-    assert "FLOTILLA_RESTORE_INDEX" not in env
+    assert not {"FLOTILLA_RESTORE_INDEX", "FLOTILLA_RESTORE_TIME"} & set(env)
 
     urls = [kubelet.client_url(f"restored-{i}") for i in range(3)]
     with Client(urls, timeout=10) as c:
@@ -498,12 +500,10 @@ def test_a_point_in_time_restore_runs_the_snapshot_job_then_the_members(world):
 def test_a_restore_target_outside_the_archive_starts_no_member(world, target):
     """The Job fails at once with the pipeline's exit 4 (before Spark starts): a condition
     naming the restorable range, one Warning, no StatefulSet, no member, no retry."""
-    if target == "time" and not pipeline_has_time():
-        pytest.skip("the pipeline's snapshot-at --time is not in this tree yet")
     _, api, kubelet, root = world
     (root / "archive").mkdir()
     archive = (root / "archive").as_uri()
-    history = archived_source(api, kubelet, archive)
+    history, _, _ = archived_source(api, kubelet, archive)
     outside = ({"index": history[-1][0] + 1000} if target == "index"
                else {"time": "2001-01-01T00:00:00Z"})
     api.create(restoring(archive, outside))
@@ -521,6 +521,9 @@ def test_a_restore_target_outside_the_archive_starts_no_member(world, target):
     assert line in restored["message"]
     if target == "index":
         assert f"(indexes 1..{history[-1][0]})" in restored["message"]
+    else:
+        assert "restorable times are " in restored["message"]
+        assert f"(index {history[-1][0]})" in restored["message"]
     assert conditions["Ready"]["status"] == "False"
     assert conditions["Ready"]["reason"] == "RestoreTargetOutsideArchive"
     assert "delete this RaftCluster and create it again" in conditions["Ready"]["message"]

@@ -9,6 +9,7 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+from flotilla.node.archive import parse_time
 from flotilla.node.config import NodeConfig, parse
 from flotilla.node.snapshot_policy import SnapshotPolicy
 from flotilla.operator import render
@@ -346,9 +347,6 @@ def restore_job_args(job: dict[str, Any]) -> dict[str, Any]:
 
     (container,) = job["spec"]["template"]["spec"]["containers"]
     assert container["command"][:2] == ["sh", "-c"]
-    snapshot_at = build_parser()._subparsers._group_actions[0].choices["snapshot-at"]
-    if "--time" in container["args"] and "--time" not in snapshot_at._option_string_actions:
-        pytest.skip("the pipeline's snapshot-at --time is not in this tree yet")
     return vars(build_parser().parse_args(["snapshot-at", *container["args"]]))
 
 
@@ -390,7 +388,8 @@ def test_the_restore_job_runs_snapshot_at_with_the_pipelines_flags():
 def test_the_restore_job_at_a_time_passes_it_in_utc():
     at_time = restore_job_args(render.restore_job(RESTORE_AT_TIME))
     assert (at_time["time"], at_time["index"], at_time["cluster_id"]) == (
-        "2026-11-25T17:00:00.250Z", None, None)
+        parse_time("2026-11-25T17:00:00.250Z"), None, None)
+    assert at_time["exclusive"] is False  # at or before the time, as the node's --restore-time
     assert at_time["to_cluster_id"] == "payments.eu-1-at-20261125t170000.250z"
 
 
