@@ -33,7 +33,8 @@ from typing import Any
 from .render import FINAL_EXIT_CODES, RESTORE_CONTAINER
 from .spec import ClusterSpec
 
-__all__ = ["EXIT_OUTSIDE", "JobRun", "Move", "SnapshotResult", "Stage", "decide", "observe"]
+__all__ = ["EXIT_OUTSIDE", "JobPhase", "JobRun", "Move", "SnapshotResult", "Stage", "decide",
+           "observe"]
 
 EXIT_OUTSIDE = 4  # the pipeline's exit code for a target outside the archive
 
@@ -174,9 +175,9 @@ def decide(spec: ClusterSpec, run: JobRun) -> Stage:
     if run.phase is JobPhase.FAILED:
         why = run.message or "no reason given"
         if run.exit_code == EXIT_OUTSIDE:
-            return Stage(Move.STOP, OUTSIDE,
-                         f"{restore.target} is outside what {restore.url} can restore: {why}; "
-                         f"{retry}")
+            field = "index" if restore.index is not None else "time"
+            return Stage(Move.STOP, OUTSIDE, f"spec.bootstrap.restore.{field} is outside what "
+                         f"the archive holds: {why}; {retry}")
         code = f" (exit {run.exit_code})" if run.exit_code is not None else ""
         final = (" (a rerun gives the same)" if run.exit_code in FINAL_EXIT_CODES else "")
         return Stage(Move.STOP, FAILED, f"Job {job} failed{code}{final}: {why}; {retry}")

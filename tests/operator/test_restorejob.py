@@ -124,7 +124,8 @@ def test_each_job_phase_has_its_move_and_reason():
 
 def test_a_target_outside_the_archive_says_the_range_and_how_to_retry():
     stage = decide(SPEC, JobRun(JobPhase.FAILED, 4, OUTSIDE))
-    assert stage.message.startswith(f"index 900 is outside what {URL} can restore: {OUTSIDE}")
+    assert stage.message.startswith(
+        f"spec.bootstrap.restore.index is outside what the archive holds: {OUTSIDE};")
     assert "(indexes 1..57)" in stage.message
     assert "delete Job demo-restore" in stage.message
     assert "delete this RaftCluster and create it again" in stage.message
@@ -261,7 +262,7 @@ def test_a_target_outside_the_archive_stops_everything_and_is_said_once():
                                   "Progressing": ("False", "RestoreTargetOutsideArchive"),
                                   "Restored": ("False", "RestoreTargetOutsideArchive")}
     ready = next(c for c in status["conditions"] if c["type"] == "Ready")
-    assert "time 2026-11-25T17:00:00.250Z is outside" in ready["message"]
+    assert "spec.bootstrap.restore.time is outside what the archive holds" in ready["message"]
     assert "(indexes 1..57)" in ready["message"]
     # the failed Job is never replaced, and no member object exists
     assert kube.calls == [("create", "Job", "demo-restore")]
