@@ -1,4 +1,5 @@
-"""The objects the operator owns for a RaftCluster, as plain dicts ready for the API server.
+"""The objects the operator owns for a RaftCluster, as plain dicts ready for the API server:
+the members' objects, and for a point-in-time restore the Job that runs before them.
 
 Pure functions of a checked `ClusterSpec` plus what only the operator knows: who bootstrapped
 the cluster, whether it has, and how many pods the planner wants. Every node flag reaches the
