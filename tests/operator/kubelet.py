@@ -370,6 +370,8 @@ class Kubelet:
         workdir = mounted.get(container.get("workingDir") or "", scratch)
         log_path = self.root / f"{pod}.log"
         with open(log_path, "ab") as log:
+            log.write(f"--- start {time.strftime('%H:%M:%S')}\n".encode())
+            log.flush()
             proc = subprocess.Popen(command, env={**base, **env}, cwd=workdir, stdout=log,
                                     stderr=subprocess.STDOUT, start_new_session=True)
         self.job_pods.append(pod)
@@ -394,8 +396,10 @@ class Kubelet:
         message = run.message.read_text()
         if not message and code != 0 and run.container.get(
                 "terminationMessagePolicy") == "FallbackToLogsOnError":
-            tail = run.log.read_bytes().splitlines()[-80:]
+            tail = run.log.read_bytes().splitlines()[-80:]  # (before the line below)
             message = b"\n".join(tail)[-2048:].decode(errors="replace")
+        with open(run.log, "ab") as log:
+            log.write(f"--- exit {code} {time.strftime('%H:%M:%S')}\n".encode())
         now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         self.api.patch("Pod", self.namespace, run.pod, {"status": {
             "phase": "Succeeded" if code == 0 else "Failed",

@@ -425,10 +425,11 @@ def state_at(history: list[tuple[int, str, bytes | None]], index: int) -> dict[s
     return state
 
 
-def restoring(archive: str, restore: dict[str, Any]) -> dict[str, Any]:
+def restoring(archive: str, restore: dict[str, Any], name: str = "restored") -> dict[str, Any]:
     body = raft_cluster(archive)
-    body["metadata"].update(name="restored", uid="11112222-aaaa-bbbb-cccc-1234567890ab")
-    body["spec"]["archive"]["url"] = archive + "-restored"  # its own archive, elsewhere
+    uid = f"{sum(map(ord, name)):08x}-aaaa-bbbb-cccc-1234567890ab"
+    body["metadata"].update(name=name, uid=uid)
+    body["spec"]["archive"]["url"] = f"{archive}-{name}"  # its own archive, elsewhere
     body["spec"]["bootstrap"] = {"restore": {"url": archive, **restore}}
     return body
 
@@ -496,49 +497,56 @@ def test_a_point_in_time_restore_runs_the_snapshot_job_then_the_members(world):
         c.put("after", b"restore")
 
 
-@pytest.mark.parametrize("target", ["index", "time"])
-def test_a_restore_target_outside_the_archive_starts_no_member(world, target):
-    """The Job fails at once with the pipeline's exit 4 (before Spark starts): a condition
-    naming the restorable range, one Warning, no StatefulSet, no member, no retry."""
+def test_restore_targets_outside_the_archive_start_no_member(world):
+    """An index past the archive's end and a time before its start: each Job fails at once
+    with the pipeline's exit 4 (before Spark starts), the Restored condition names the range
+    the archive can restore, one Warning says so, and no StatefulSet or member exists, nor a
+    second run of the Job."""
     _, api, kubelet, root = world
     (root / "archive").mkdir()
     archive = (root / "archive").as_uri()
     history, _, _ = archived_source(api, kubelet, archive)
-    outside = ({"index": history[-1][0] + 1000} if target == "index"
-               else {"time": "2001-01-01T00:00:00Z"})
-    api.create(restoring(archive, outside))
-    status = wait_status(api, lambda s: s.get("phase") == "RestoreFailed",
-                         "the restore to fail", 60, kubelet, "restored")
-    conditions = {c["type"]: c for c in status["conditions"]}
-    restored = conditions["Restored"]
-    assert (restored["status"], restored["reason"]) == ("False", "RestoreTargetOutsideArchive")
-    (pod,) = [p for p in api.list("Pod", NS, "") if p["metadata"]["name"].startswith(
-        "restored-restore-")]
-    terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
-    assert terminated["exitCode"] == 4
-    line = terminated["message"].strip().splitlines()[-1]
-    assert line.startswith("flotilla pipeline: ") and "outside" in line
-    assert line in restored["message"]
-    if target == "index":
-        assert f"(indexes 1..{history[-1][0]})" in restored["message"]
-    else:
-        assert "restorable times are " in restored["message"]
-        assert f"(index {history[-1][0]})" in restored["message"]
-    assert conditions["Ready"]["status"] == "False"
-    assert conditions["Ready"]["reason"] == "RestoreTargetOutsideArchive"
-    assert "delete this RaftCluster and create it again" in conditions["Ready"]["message"]
-    job = get(api, "Job", "restored-restore")
-    assert any(c["type"] == "Failed" and c["reason"] == "PodFailurePolicy"
-               for c in job["status"]["conditions"])
-    assert_admitted(api, "restored")
+    last = history[-1][0]
+    targets = {"past-end": ({"index": last + 1000}, f"(indexes 1..{last})"),
+               "before-start": ({"time": "2001-01-01T00:00:00Z"}, f"(index {last})")}
+    for name, (target, _) in targets.items():
+        api.create(restoring(archive, target, name))
+    for name, (target, names_the_range) in targets.items():
+        status = wait_status(api, lambda s: s.get("phase") == "RestoreFailed",
+                             f"the restore of {name} to fail", 60, kubelet, name)
+        conditions = {c["type"]: c for c in status["conditions"]}
+        restored = conditions["Restored"]
+        assert (restored["status"], restored["reason"]) == ("False",
+                                                            "RestoreTargetOutsideArchive")
+        (pod,) = [p for p in api.list("Pod", NS, "") if p["metadata"]["name"].startswith(
+            f"{name}-restore-")]
+        terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+        assert terminated["exitCode"] == 4
+        line = terminated["message"].strip().splitlines()[-1]
+        assert line.startswith("flotilla pipeline: ")
+        assert restored["message"].startswith(
+            f"spec.bootstrap.restore.{next(iter(target))} is outside what the archive holds: "
+            f"{line}; ")
+        assert names_the_range in line
+        assert conditions["Ready"]["status"] == "False"
+        assert conditions["Ready"]["reason"] == "RestoreTargetOutsideArchive"
+        assert "delete this RaftCluster and create it again" in conditions["Ready"]["message"]
+        job = get(api, "Job", f"{name}-restore")
+        assert any(c["type"] == "Failed" and c["reason"] == "PodFailurePolicy"
+                   for c in job["status"]["conditions"])
+        assert_admitted(api, name)
 
     time.sleep(2)  # four more rounds: nothing is retried, started or announced again
-    warnings = [(reason, message) for kind, reason, message in events(api) if kind == "Warning"]
-    assert [reason for reason, _ in warnings] == ["RestoreJobFailed"]
-    assert line in warnings[0][1]
-    assert get(api, "StatefulSet", "restored") is None
-    assert api.list("Pod", NS, "app.kubernetes.io/instance=restored,"
-                               "app.kubernetes.io/name=flotilla") == []
-    assert not [p for p in kubelet.started if p.startswith("restored-")]
-    assert len(kubelet.job_pods) == 1
-    assert status_of(api, "restored")["phase"] == "RestoreFailed"
+    for name in targets:
+        ours = [(e["type"], e["reason"], e["message"]) for e in api.list("Event", NS, "")
+                if (e.get("involvedObject") or {}).get("name") == name]
+        warnings = [(reason, message) for kind, reason, message in ours if kind == "Warning"]
+        assert [reason for reason, _ in warnings] == ["RestoreJobFailed"], ours
+        assert [reason for kind, reason, _ in ours if kind == "Normal"] == ["RestoreJobCreated"]
+        assert get(api, "StatefulSet", name) is None
+        assert api.list("Pod", NS, f"app.kubernetes.io/instance={name},"
+                                   "app.kubernetes.io/name=flotilla") == []
+        assert status_of(api, name)["phase"] == "RestoreFailed"
+    assert not [p for p in kubelet.started if p != "demo-0"]
+    assert sorted(p.rsplit("-", 1)[0] for p in kubelet.job_pods) == [
+        "before-start-restore", "past-end-restore"]
