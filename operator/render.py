@@ -164,18 +164,11 @@ RESTORE_BACKOFF_LIMIT = 2
 # The pipeline's exit codes that a rerun cannot change: bad flags or no Java / PySpark in the
 # image (2), a target outside the archive (4). They fail the Job at once.
 FINAL_EXIT_CODES = (2, 4)
-# Runs the job, then keeps its last stdout line (the result, one JSON line) as the container's
-# termination message, which the operator reads from the pod's status. On failure the
-# message is the log's tail (FallbackToLogsOnError), whose last line is the pipeline's one-line
-# reason. The exit code is the pipeline's, so the Job's podFailurePolicy sees it.
-# (result.json is in the working directory, the scratch volume.)
-RESTORE_SCRIPT = (
-    'flotilla pipeline snapshot-at "$@" > result.json\n'
-    "code=$?\n"
-    "cat result.json\n"
-    'if [ "$code" -eq 0 ]; then tail -n 1 result.json > "$TERMINATION_MESSAGE_PATH"; fi\n'
-    'exit "$code"\n'
-)
+# The pipeline writes its result line (or, failing, its one-line reason) to the termination-log
+# file itself (`--result-file`), which the operator reads from the pod's status; its exit code
+# is the container's, for the Job's podFailurePolicy. FallbackToLogsOnError covers a process
+# that died before it could write (killed for memory, say): then the log's tail is the message.
+RESTORE_COMMAND = ["flotilla", "pipeline", "snapshot-at"]
 
 
 def restore_job(spec: ClusterSpec) -> Manifest:
@@ -198,11 +191,10 @@ def restore_job(spec: ClusterSpec) -> Manifest:
     args += ["--master", RESTORE_MASTER]
     args += ["--index", str(restore.index)] if restore.index is not None else [
         "--time", str(restore.time)]
-    args += ["--to-cluster-id", cluster_id]
+    args += ["--to-cluster-id", cluster_id, "--result-file", TERMINATION_LOG]
     env = [
         _value("SPARK_LOCAL_IP", "127.0.0.1"),
         _value("HOME", SCRATCH_PATH),
-        _value("TERMINATION_MESSAGE_PATH", TERMINATION_LOG),
     ]
     if archive is not None:  # the same credentials as the members', through the same Secret
         env += [_secret("AWS_ACCESS_KEY_ID", archive.access_key_id),
@@ -211,7 +203,7 @@ def restore_job(spec: ClusterSpec) -> Manifest:
         "name": RESTORE_CONTAINER,
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
-        "command": ["sh", "-c", RESTORE_SCRIPT, "snapshot-at"],  # "$0", then the args as "$@"
+        "command": list(RESTORE_COMMAND),
         "args": args,
         "workingDir": SCRATCH_PATH,
         "env": [var for var in env if var is not None],

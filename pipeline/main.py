@@ -49,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the cluster in the archive (default: the only one there)")
     common.add_argument("--s3-endpoint", default=None, help="S3-compatible endpoint URL")
     common.add_argument("--s3-region", default=None, help="S3 region")
+    common.add_argument("--result-file", default=None, metavar="PATH",
+                        help="also write the result line (or, on failure, the one-line reason) "
+                             "to PATH: a Kubernetes Job's terminationMessagePath, say")
     common.add_argument("--master", default=None,
                         help="Spark master URL (default local[*], or the one spark-submit "
                              "was given)")
@@ -83,27 +86,56 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    result_file = _result_file(argv)  # known before parsing: a bad flag is reported there too
     try:
-        args = build_parser().parse_args(argv)
-        return _run(args)
+        line = _run(build_parser().parse_args(argv))
     except PipelineError as exc:
-        print(f"flotilla pipeline: {exc}", file=sys.stderr)
-        return exc.exit_code
+        return _fail(f"flotilla pipeline: {exc}", exc.exit_code, result_file)
     except Exception as exc:
         from flotilla.pipeline.spark import task_failure
 
         why = task_failure(exc)
         if why is None:
             raise
-        print(f"flotilla pipeline: the Spark job failed: {why}", file=sys.stderr)
-        return EXIT_FAILED
+        return _fail(f"flotilla pipeline: the Spark job failed: {why}", EXIT_FAILED,
+                     result_file)
     except SystemExit as exc:  # --help
         return int(exc.code or 0)
     except KeyboardInterrupt:
         return 130
+    print(line)
+    _write(result_file, line)
+    return EXIT_OK
 
 
-def _run(args: argparse.Namespace) -> int:
+def _result_file(argv: Sequence[str]) -> str | None:
+    for i, word in enumerate(argv):
+        if word == "--result-file" and i + 1 < len(argv):
+            return argv[i + 1]
+        if word.startswith("--result-file="):
+            return word.split("=", 1)[1]
+    return None
+
+
+def _fail(line: str, code: int, result_file: str | None) -> int:
+    print(line, file=sys.stderr)
+    _write(result_file, line)
+    return code
+
+
+def _write(path: str | None, line: str) -> None:
+    if path is None:
+        return
+    try:
+        with open(path, "w", encoding="utf-8") as file:
+            file.write(line + "\n")
+    except OSError as exc:
+        print(f"flotilla pipeline: cannot write --result-file {path}: {exc.strerror}",
+              file=sys.stderr)
+
+
+def _run(args: argparse.Namespace) -> str:
+    """Run the job; its result line."""
     from flotilla.node.archive.urls import normalize_archive_url
     from flotilla.pipeline.source import ArchiveRef
     from flotilla.pipeline.spark import spark_session
@@ -122,15 +154,13 @@ def _run(args: argparse.Namespace) -> int:
                       exclusive=args.exclusive, machine=args.state_machine,
                       sequential=args.sequential)
         if args.dry_run:
-            print(json.dumps(job.describe()))
-            return EXIT_OK
+            return json.dumps(job.describe())
         spark = spark_session(args.master)
         try:
             result = snapshot_at(spark, ref, prepared=job)
         finally:
             spark.stop()
-        print(result.to_json())
-        return EXIT_OK
+        return result.to_json()
     raise PipelineError(f"unknown job {args.job!r}", EXIT_USAGE)
 
 

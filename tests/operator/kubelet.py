@@ -363,8 +363,11 @@ class Kubelet:
         mounted[container.get("terminationMessagePath") or "/dev/termination-log"] = message
         env = {k: str(mounted.get(v, v))  # a value naming a mount is that mount's host path
                for k, v in self.resolve_env(pod, container.get("env") or []).items()}
-        command = [_expand(word, env) for word in
-                   [*(container.get("command") or []), *(container.get("args") or [])]]
+        # A word naming a mounted path (--result-file /dev/termination-log) is that mount's
+        # host path, as the container would see the mount there.
+        command = [str(mounted.get(word, word)) for word in
+                   (_expand(word, env) for word in
+                    [*(container.get("command") or []), *(container.get("args") or [])])]
         base = {k: v for k, v in os.environ.items() if not k.startswith("FLOTILLA_")}
         base["PATH"] = f"{Path(sys.executable).parent}:{base.get('PATH', '/usr/bin:/bin')}"
         workdir = mounted.get(container.get("workingDir") or "", scratch)

@@ -453,8 +453,8 @@ def test_a_point_in_time_restore_runs_the_snapshot_job_then_the_members(world):
     job = get(api, "Job", "restored-restore")
     assert job["metadata"]["ownerReferences"][0]["name"] == "restored"
     produced = f"{running['clusterId']}-at-{re.sub('[-:]', '', asked).lower()}"
-    assert job["spec"]["template"]["spec"]["containers"][0]["args"][-4:] == [
-        "--time", asked, "--to-cluster-id", produced]
+    assert job["spec"]["template"]["spec"]["containers"][0]["args"][-6:] == [
+        "--time", asked, "--to-cluster-id", produced, "--result-file", "/dev/termination-log"]
     assert get(api, "StatefulSet", "restored") is None  # no member before the state exists
 
     status = wait_status(api, lambda s: s.get("phase") == "Ready" and s.get("replicas") == 3,

@@ -108,6 +108,11 @@ def test_a_rerun_gives_the_same_result_and_an_id_is_never_reused_for_other_data(
     again = snapshot_at(spark, ArchiveRef(url, "old"), 50, to_cluster_id="pitr")
     assert again == first
     assert sorted((tmp_path / "archive" / "pitr").rglob("*")) == manifests
+    # A run that died after its upload, before its manifest: the rerun publishes the same.
+    for manifest in (tmp_path / "archive" / "pitr" / "manifests").iterdir():
+        manifest.unlink()
+    assert snapshot_at(spark, ArchiveRef(url, "old"), 50, to_cluster_id="pitr") == first
+    assert published_payload(url, "pitr")[1] == replayed_payload(url, "old", 50)
     with pytest.raises(PipelineError, match="already holds a different state at index 50") as no:
         snapshot_at(spark, ArchiveRef(url, "other"), 50, to_cluster_id="pitr")
     assert no.value.exit_code == 2
@@ -194,18 +199,26 @@ def test_the_command_prints_one_json_line_and_refuses_in_one_line(tmp_path):
     plan = pipeline("snapshot-at", "--archive", url, "--index", "30", "--dry-run")
     assert plan.returncode == 0, plan.stderr
     assert '"base_snapshot": {"key": "snapshots/' in plan.stdout
+    result_file = tmp_path / "result"
     done = pipeline("snapshot-at", "--archive", url, "--index", str(len(log)),
-                    "--to-cluster-id", "copy", "--master", "local[1]")
+                    "--to-cluster-id", "copy", "--master", "local[1]", "--result-file",
+                    str(result_file))
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1].startswith('{"cluster_id": "copy"')
+    assert result_file.read_text() == done.stdout.strip().splitlines()[-1] + "\n"
     # Spark's own log lines and progress bar stay off the console (the JVM's start-up notes,
     # printed before any configuration applies, remain).
     assert not re.search(r"^\S+ \S+ (WARN|INFO) ", done.stderr, re.M), done.stderr
     assert "[Stage" not in done.stderr, done.stderr
     outside = pipeline("snapshot-at", "--archive", url, "--cluster-id", "old", "--index",
-                       str(len(log) + 5))
+                       str(len(log) + 5), "--result-file", str(result_file))
     assert outside.returncode == 4
     assert len(outside.stderr.strip().splitlines()) == 1, outside.stderr
+    assert result_file.read_text() == outside.stderr  # the reason, for a Job's status
+    # The only source cluster besides the target: a rerun finds the old one by itself.
+    rerun = pipeline("snapshot-at", "--archive", url, "--index", str(len(log)),
+                     "--to-cluster-id", "copy", "--dry-run")
+    assert rerun.returncode == 0 and '"cluster_id": "old"' in rerun.stdout, rerun.stderr
     twice = pipeline("snapshot-at", "--archive", url, "--cluster-id", "old", "--index", "5",
                      "--to-cluster-id", "copy")
     assert twice.returncode == 2 and "already holds a cluster 'copy'" in twice.stderr
