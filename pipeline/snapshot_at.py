@@ -135,9 +135,16 @@ def prepare(ref: ArchiveRef, index: int | None, to_cluster_id: str | None = None
         raise PipelineError(f"--state-machine: {exc}", 2) from None
     archive = open_archive(ref.url, endpoint=ref.s3_endpoint, region=ref.s3_region)
     try:
-        # A rerun must not count what an earlier run published as a second source cluster.
-        cluster_id = resolve_cluster_id(archive, ref.cluster_id, excluding=to_cluster_id,
-                                        id_flag="--cluster-id", url_flag="--archive")
+        # A rerun must not count what an earlier run published as a second source cluster
+        # (unless it is the only cluster there: then it is the source, refused below).
+        try:
+            cluster_id = resolve_cluster_id(archive, ref.cluster_id, excluding=to_cluster_id,
+                                            id_flag="--cluster-id", url_flag="--archive")
+        except ArchiveNotFound:
+            if to_cluster_id is None or ref.cluster_id is not None:
+                raise
+            cluster_id = resolve_cluster_id(archive, None, id_flag="--cluster-id",
+                                            url_flag="--archive")
         ref = ArchiveRef(ref.url, cluster_id, ref.s3_endpoint, ref.s3_region)
         cluster = ClusterArchive(archive, cluster_id)
         if time_ms is not None:
