@@ -22,6 +22,7 @@ import json
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -45,14 +46,29 @@ from flotilla.node.statemachine.kv import KVStateMachine, packer
 from flotilla.node.statemachine.sessions import Session
 from flotilla.node.storage import PayloadReader, SnapshotStore
 
-from .kvfold import Op, SessionSketch, assemble_payload, finish_session, fold_client, fold_key
+from .kvfold import (
+    OP_BASE,
+    SessionSketch,
+    assemble_payload,
+    finish_session,
+    fold_clients,
+    fold_keys,
+    key_bytes,
+)
 from .replay import replay_snapshot
-from .source import BAD, DELETE, OPS_SCHEMA, PUT, ArchiveRef, decode_segments, key_text
+from .source import (
+    BAD,
+    OPS_SCHEMA,
+    ArchiveRef,
+    arrow_schema,
+    decode_segments,
+    key_text,
+    paused_gc,
+)
 from .spark import PipelineError
 
 __all__ = ["SnapshotAtResult", "plan_snapshot_at", "snapshot_at"]
 
-BASE = 2  # op code of a base snapshot's key record in the key stage
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,7 +244,7 @@ def _describe(plan: RestorePlan) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class _Base:
-    """The base snapshot as the driver needs it: all but its key records (read by a task)."""
+    """The base snapshot as the driver needs it: all but its key records (read by tasks)."""
 
     applied_index: int
     clock: int
@@ -236,58 +252,89 @@ class _Base:
     window: int
     sessions: dict[str, Session]
     path: Path | None
+    keys: int = 0  # how many key records it holds
 
 
 def _read_base(cluster: ClusterArchive, plan: RestorePlan,
                work: Path) -> tuple[SnapshotMeta | None, _Base]:
+    """The base snapshot's header and sessions. Its key records are skipped, not decoded:
+    tasks read them (`_base_keys`), so the driver never holds the keys."""
     if plan.snapshot is None:
         empty = KVStateMachine()
         return None, _Base(0, 0, empty.session_ttl_ms, empty.session_window, {}, None)
     path = work / "base.snap"
     meta = cluster.download_snapshot(plan.snapshot, path)
-    sm = KVStateMachine()
+    name = cluster.location(plan.snapshot)
     with PayloadReader(path) as payload:
-        if payload.kind != sm.kind:
-            raise PipelineError(f"{cluster.location(plan.snapshot)} is a snapshot of the "
-                                f"{payload.kind!r} machine, not of the key-value machine: "
-                                "pass that machine's --state-machine module:Class", 2)
-        sm.restore(payload)
-    sessions = {s.client: s for s in sm.sessions()}
-    return meta, _Base(sm.applied_index, sm.clock, sm.session_ttl_ms, sm.session_window,
-                       sessions, path)
+        if payload.kind != KVStateMachine.kind:
+            raise PipelineError(f"{name} is a snapshot of the {payload.kind!r} machine, not of "
+                                "the key-value machine: pass that machine's --state-machine "
+                                "module:Class", 2)
+        try:
+            unpacker = msgpack.Unpacker(payload, raw=False, use_list=False,
+                                        unicode_errors="surrogatepass")
+            header = _payload_header(next(unpacker), name)
+            for _ in range(header["keys"]):
+                unpacker.skip()
+            sessions: dict[str, Session] = {}
+            for _ in range(header["sessions"]):
+                client, last_seq, last_active, results = next(unpacker)
+                sessions[client] = Session(client, last_seq, last_active,
+                                           tuple(map(tuple, results)))
+            payload.finish()
+        except (StopIteration, ValueError, TypeError, msgpack.UnpackException) as exc:
+            raise PipelineError(f"{name} is not a readable key-value snapshot: {exc}") from None
+    return meta, _Base(header["applied_index"], header["clock"], header["session_ttl_ms"],
+                       header["session_window"], sessions, path, header["keys"])
+
+
+def _payload_header(header: Any, name: str) -> dict[str, Any]:
+    if not isinstance(header, dict) or header.get("version") != 1 or not all(
+            type(header.get(f)) is int for f in ("applied_index", "clock", "session_ttl_ms",
+                                                  "session_window", "keys", "sessions")):
+        raise PipelineError(f"{name} is not a version 1 key-value snapshot")
+    return header
 
 
 def _ops(spark: Any, ref: ArchiveRef, plan: RestorePlan, tasks: int | None) -> Any:
-    """Every entry after the base up to the target, decoded by a few large tasks."""
-    segments = list(plan.segments)
+    """Every entry after the base up to the target, decoded by a few large tasks, each taking
+    a run of consecutive segments (a part) so that it can keep the clock's running maximum."""
     parallel = tasks or spark.sparkContext.defaultParallelism
-    chunks = [segments[i::parallel] for i in range(min(parallel, len(segments)))]
-    rows = [(json.dumps([s.to_json() for s in chunk]),) for chunk in chunks]
-    upto, above = plan.index, plan.base_index
+    docs = []
+    above = plan.base_index
+    for chunk in _consecutive(list(plan.segments), parallel):
+        docs.append(json.dumps({"above": above, "segments": [s.to_json() for s in chunk]}))
+        above = max(above, chunk[-1].last)
+    if not docs:
+        return spark.createDataFrame([], OPS_SCHEMA)
+    upto = plan.index
 
-    def decode_chunks(batches: Iterator[Any]) -> Iterator[Any]:
-        import pyarrow as pa
+    def decode_parts(batches: Iterator[Any]) -> Iterator[Any]:
         from flotilla.node.archive.manifest import SegmentRecord
 
         for batch in batches:
-            for doc in batch.column(0).to_pylist():
+            for part in batch.column(0).to_pylist():
+                doc = json.loads(docs[part])
                 records = [SegmentRecord(d["first"], d["last"], d["key"], d["bytes"],
-                                         d["sha256"]) for d in json.loads(doc)]
-                for cols in decode_segments(ref, upto, records, above):
-                    yield pa.RecordBatch.from_pydict(cols, schema=_arrow(OPS_SCHEMA))
+                                         d["sha256"]) for d in doc["segments"]]
+                yield from paused_gc(decode_segments(ref, upto, records, doc["above"], part))
 
-    frame = spark.createDataFrame(rows or [("[]",)], "segments string").repartition(
-        max(1, len(rows)))
-    return frame.mapInArrow(decode_chunks, OPS_SCHEMA).cache()
+    parts = spark.range(len(docs), numPartitions=len(docs))
+    return parts.mapInArrow(decode_parts, OPS_SCHEMA).cache()
 
 
-def _arrow(ddl: str) -> Any:
-    import pyarrow as pa
-
-    types = {"long": pa.int64(), "byte": pa.int8(), "binary": pa.binary(),
-             "string": pa.string()}
-    return pa.schema([(name, types[kind]) for name, kind in
-                      (part.split() for part in ddl.split(", "))])
+def _consecutive(segments: list[Any], count: int) -> list[list[Any]]:
+    """`segments` cut into at most `count` runs of consecutive segments, of about as many
+    entries each."""
+    total = sum(s.last - s.first + 1 for s in segments)
+    runs: list[list[Any]] = [[]]
+    done = 0
+    for segment in segments:
+        if runs[-1] and done >= total * len(runs) / count:
+            runs.append([])
+        runs[-1].append(segment)
+        done += segment.last - segment.first + 1
+    return [run for run in runs if run]
 
 
 def _meta_at(ops: Any, plan: RestorePlan, base_meta: SnapshotMeta | None) -> SnapshotMeta:
@@ -298,13 +345,16 @@ def _meta_at(ops: Any, plan: RestorePlan, base_meta: SnapshotMeta | None) -> Sna
     index = plan.index
     if index == plan.base_index and base_meta is not None:
         return base_meta
-    found = ops.filter(F.col("index") == index).select("term", "ts_ms").collect()
+    rows = (ops.filter((F.col("index") == index)
+                       | (F.col("kind") == int(EntryKind.MEMBERSHIP)))
+            .select("index", "term", "ts_ms", "kind", "data").collect())
+    found = [row for row in rows if row["index"] == index]
     if not found:
         raise PipelineError(f"entry {index} is missing from the archived segments")
-    change = (ops.filter(F.col("kind") == int(EntryKind.MEMBERSHIP))
-              .orderBy(F.col("index").desc()).select("data").limit(1).collect())
-    if change:
-        membership = Membership.decode(change[0]["data"])
+    changes = sorted((row["index"], row["data"]) for row in rows
+                     if row["kind"] == int(EntryKind.MEMBERSHIP))
+    if changes:
+        membership = Membership.decode(changes[-1][1])
     elif base_meta is not None:
         membership = base_meta.membership
     else:
@@ -317,128 +367,121 @@ def _meta_at(ops: Any, plan: RestorePlan, base_meta: SnapshotMeta | None) -> Sna
 
 def _synthesize(spark: Any, ref: ArchiveRef, plan: RestorePlan, ops: Any, meta: SnapshotMeta,
                 base: _Base, work: Path) -> Path:
-    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    commands = ops.filter(F.col("kind") == int(EntryKind.NORMAL))
-    decodable = commands.filter(F.col("op") != BAD)
+    parallel = spark.sparkContext.defaultParallelism
+    normal = int(EntryKind.NORMAL)
+    cached = [ops]
 
-    # The clock: per-segment maxima, a prefix over segments on the driver, then a running
-    # maximum within each segment.
-    maxima = sorted((r["seg"], r["m"]) for r in
-                    decodable.groupBy("seg").agg(F.max("ts").alias("m")).collect())
-    before, clock = {}, base.clock
-    for seg, most in maxima:
-        before[seg] = clock
-        clock = max(clock, most)
+    # The clock: each part's running maximum, and a prefix over the parts on the driver.
+    stats = sorted(ops.groupBy("part").agg(
+        F.max("run").alias("run"),
+        F.max(F.when(F.col("kind") == normal, F.col("index"))).alias("normal")).collect())
+    starts: list[int] = []
+    clock = base.clock
+    for part, run, _ in stats:
+        starts.extend([clock] * (part + 1 - len(starts)))
+        clock = max(clock, -1 if run is None else run)
     final_clock = clock
-    offsets = spark.createDataFrame(list(before.items()) or [(0, 0)], "seg long, start long")
-    running = Window.partitionBy("seg").orderBy("index").rowsBetween(
-        Window.unboundedPreceding, Window.currentRow)
-    clocked = (decodable.withColumn("run", F.max("ts").over(running))
-               .join(F.broadcast(offsets), "seg")
-               .withColumn("clock", F.greatest("run", "start")))
+    last_normal = max((row["normal"] for row in stats if row["normal"] is not None),
+                      default=None)
+    applied = base.applied_index if last_normal is None else last_normal
 
-    # Sessions, per client.
+    # Sessions, per client: the indexes answered from a session, and each session's sketch.
     ttl, window, base_sessions = base.ttl_ms, base.window, base.sessions
-    per_client = (clocked.filter(F.col("client").isNotNull())
-                  .select("client", "index", "seq", "clock")
-                  .repartition("client").sortWithinPartitions("client", "index"))
+    per_client = (ops.filter(F.col("client").isNotNull())
+                  .select("client", "index", "seq", "run", "part")
+                  .repartition(parallel, "client").sortWithinPartitions("client", "index"))
 
-    def fold_clients(batches: Iterator[Any]) -> Iterator[Any]:
+    def fold_sessions(batches: Iterator[Any]) -> Iterator[Any]:
+        import numpy as np
         import pyarrow as pa
 
-        schema = _arrow("index long, client binary, sketch binary")
+        before = np.array(starts or [0], dtype=np.int64)
+
+        def rows() -> Iterator[tuple[bytes, int, int, int]]:
+            for batch in batches:
+                clocks = np.maximum(batch.column(3).to_numpy(),
+                                    before[batch.column(4).to_numpy()])
+                yield from zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(),
+                               batch.column(2).to_pylist(), clocks.tolist(), strict=True)
+
+        schema = arrow_schema("index long, client binary, sketch binary")
         pack = packer().pack
-        for client, rows in _runs(batches, "client", ("index", "seq", "clock")):
-            name = key_text(client)
-            fold = fold_client(name, base_sessions.get(name), rows, ttl, window)
-            skipped = [i for i, _, _ in rows if i not in fold.applied]
-            out = {"index": skipped, "client": [None] * len(skipped),
-                   "sketch": [None] * len(skipped)}
+        skipped: list[int] = []
+        names: list[bytes] = []
+        sketches: list[bytes] = []
+        for name, fold in fold_clients(rows(), base_sessions, ttl, window):
+            skipped.extend(fold.skipped)
             if fold.session is not None:
                 s = fold.session
-                out["index"].append(None)
-                out["client"].append(client)
-                out["sketch"].append(pack((s.last_seq, s.last_active,
-                                           [[q, r] for q, r in s.recorded])))
-            yield pa.RecordBatch.from_pydict(out, schema=schema)
+                names.append(key_bytes(name))
+                sketches.append(pack((s.last_seq, s.last_active, s.recorded)))
+        yield pa.RecordBatch.from_arrays(
+            [pa.array(skipped + [None] * len(names), pa.int64()),
+             pa.array([None] * len(skipped) + names, pa.binary()),
+             pa.array([None] * len(skipped) + sketches, pa.binary())], schema=schema)
 
-    sessions_out = per_client.mapInArrow(fold_clients,
-                                         "index long, client binary, sketch binary").cache()
-    skipped = sessions_out.filter(F.col("index").isNotNull()).select("index")
+    sessions_out = per_client.mapInArrow(
+        lambda batches: paused_gc(fold_sessions(batches)),
+        "index long, client binary, sketch binary").cache()
+    cached.append(sessions_out)
     sketches: dict[str, SessionSketch] = {}
-    for row in sessions_out.filter(F.col("index").isNull()).collect():
+    for row in sessions_out.filter(F.col("client").isNotNull()).collect():
         last_seq, last_active, recorded = msgpack.unpackb(
             row["sketch"], raw=False, unicode_errors="surrogatepass", strict_map_key=False)
         name = key_text(row["client"])
         sketches[name] = SessionSketch(name, last_seq, last_active,
                                        tuple((q, r) for q, r in recorded))
     wanted = frozenset(r for s in sketches.values() for _, r in s.recorded if isinstance(r, int))
+    skipped = sessions_out.filter(F.col("index").isNotNull()).select("index")
 
-    # Keys, per key: the effective commands and the base records of the keys they touch.
-    effective = (decodable.join(skipped, "index", "left_anti")
+    # Keys, per key: the commands not answered from a session, and every base entry, by
+    # ranges of keys so that the partitions in order are the payload's order.
+    effective = (ops.filter((F.col("kind") == normal) & (F.col("op") != BAD))
+                 .join(F.broadcast(skipped), "index", "left_anti")
                  .select("key", "index", "op", "value", "prev_index"))
-    base_keys = _base_keys(spark, ref, plan) if base.path is not None else None
-    if base_keys is not None:
-        touched = effective.select("key").distinct()
-        base_rows = (base_keys.join(touched, "key", "left_semi")
-                     .select("key", F.col("mod").alias("index"), F.lit(BASE).cast("byte")
-                             .alias("op"), "value", F.lit(None).cast("long").alias("prev_index")))
-        effective = effective.unionByName(base_rows)
-    per_key = effective.repartition("key").sortWithinPartitions("key", "index")
+    if base.path is not None:
+        base_keys = _base_keys(spark, ref, plan, base.keys, parallel)
+        cached.append(base_keys)
+        effective = effective.unionByName(base_keys)
+    per_key = effective.repartitionByRange(parallel, "key").sortWithinPartitions("key", "index")
 
-    def fold_keys(batches: Iterator[Any]) -> Iterator[Any]:
+    def fold_by_key(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
-        schema = _arrow("key binary, record binary, rindex long, result binary")
-        pack = packer().pack
-        for raw, rows in _runs(batches, "key", ("index", "op", "value", "prev_index")):
-            key = key_text(raw)
-            start = None
-            ops_of_key = []
-            for index, op, value, prev in rows:
-                if op == BASE:
-                    start = (key, value, index)
-                else:
-                    ops_of_key.append(Op(index, "put" if op == PUT else "delete"
-                                         if op == DELETE else None, key, value or b"", prev))
-            final, results = fold_key(key, start, ops_of_key, wanted)
-            out = {"key": [raw], "record": [None if final is None else pack(final)],
-                   "rindex": [None], "result": [None]}
-            for i, result in results.items():
-                for col, val in (("key", None), ("record", None), ("rindex", i),
-                                 ("result", pack(result))):
-                    out[col].append(val)
-            yield pa.RecordBatch.from_pydict(out, schema=schema)
+        def rows() -> Iterator[tuple[bytes, int, int, bytes | None, int | None]]:
+            for batch in batches:
+                yield from zip(*(column.to_pylist() for column in batch.columns), strict=True)
 
-    folded = per_key.mapInArrow(fold_keys,
-                                "key binary, record binary, rindex long, result binary").cache()
+        schema = arrow_schema("run binary, n long, rindex long, result binary")
+        results: dict[int, dict[str, Any]] = {}
+        run: list[bytes] = []
+        for record in fold_keys(rows(), wanted, results):
+            run.append(record)
+            if len(run) == 65536:
+                yield pa.RecordBatch.from_arrays(
+                    [pa.array([b"".join(run)]), pa.array([len(run)]), pa.nulls(1, pa.int64()),
+                     pa.nulls(1, pa.binary())], schema=schema)
+                run = []
+        pack = packer().pack
+        yield pa.RecordBatch.from_arrays(
+            [pa.array([b"".join(run)] + [None] * len(results), pa.binary()),
+             pa.array([len(run)] + [None] * len(results), pa.int64()),
+             pa.array([None, *results], pa.int64()),
+             pa.array([None, *map(pack, results.values())], pa.binary())], schema=schema)
+
+    folded = per_key.mapInArrow(lambda batches: paused_gc(fold_by_key(batches)),
+                                "run binary, n long, rindex long, result binary").cache()
+    cached.append(folded)
     results = {r["rindex"]: msgpack.unpackb(r["result"], raw=False, strict_map_key=False)
                for r in folded.filter(F.col("rindex").isNotNull()).collect()}
-    records = folded.filter(F.col("record").isNotNull()).select("key", "record")
-    if base_keys is not None:
-        untouched = (base_keys.join(folded.filter(F.col("key").isNotNull()).select("key"),
-                                    "key", "left_anti")
-                     .select("key", "record"))
-        records = records.unionByName(untouched)
-
-    def pack_runs(batches: Iterator[Any]) -> Iterator[Any]:
-        import pyarrow as pa
-
-        for batch in batches:
-            column = batch.column(1).to_pylist()
-            yield pa.RecordBatch.from_pydict({"run": [b"".join(column)], "n": [len(column)]},
-                                             schema=_arrow("run binary, n long"))
-
-    runs = records.orderBy("key").mapInArrow(pack_runs, "run binary, n long").cache()
-    key_count = runs.agg(F.sum("n")).collect()[0][0] or 0
+    key_count = folded.agg(F.sum("n")).collect()[0][0] or 0
 
     sessions = [finish_session(s, results) for s in sketches.values()]
     sessions += [s for c, s in base_sessions.items() if c not in sketches]
-    normal = commands.agg(F.max("index")).collect()[0][0]
-    applied = base.applied_index if normal is None else normal
     store = SnapshotStore(work / "out")
+    runs = folded.filter(F.col("run").isNotNull()).select("run")
 
     def write(stream: Any) -> None:
         assemble_payload(stream, applied_index=applied, clock=final_clock, ttl_ms=ttl,
@@ -446,62 +489,55 @@ def _synthesize(spark: Any, ref: ArchiveRef, plan: RestorePlan, ops: Any, meta: 
                          key_records=(row["run"] for row in runs.toLocalIterator()),
                          sessions=sessions)
 
-    return store.save(meta, KVStateMachine.kind, write)
+    try:
+        return store.save(meta, KVStateMachine.kind, write)
+    finally:
+        for frame in cached:  # the last stage to read them
+            frame.unpersist()
 
 
-def _base_keys(spark: Any, ref: ArchiveRef, plan: RestorePlan) -> Any:
-    """The base snapshot's key records, read (and verified) by one task."""
+def _base_keys(spark: Any, ref: ArchiveRef, plan: RestorePlan, count: int, parts: int) -> Any:
+    """The base snapshot's key records as key-stage rows (index: the key's mod index), read
+    by `parts` tasks: each verifies the whole object and decodes its share of the records."""
     snap = plan.snapshot
     assert snap is not None
     doc = json.dumps(snap.to_json())
+    bounds = [count * n // parts for n in range(parts + 1)]
 
     def read(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
-        from .source import cluster_archive, key_bytes
+        from .source import cluster_archive
 
+        d = json.loads(doc)
+        record = SnapshotRecord(d["index"], d["term"], d["key"], d["bytes"], d["sha256"])
+        schema = arrow_schema(_KEY_ROWS)
         for batch in batches:
-            for text in batch.column(0).to_pylist():
-                d = json.loads(text)
-                record = SnapshotRecord(d["index"], d["term"], d["key"], d["bytes"],
-                                        d["sha256"])
+            for part in batch.column(0).to_pylist():
+                low, high = bounds[part], bounds[part + 1]
                 with tempfile.TemporaryDirectory() as tmp:
                     path = Path(tmp) / "base.snap"
                     cluster_archive(ref).download_snapshot(record, path)
-                    sm = KVStateMachine()
                     with PayloadReader(path) as payload:
-                        sm.restore(payload)
-                pack = packer().pack
-                schema = _arrow("key binary, value binary, mod long, record binary")
-                cols: dict[str, list[Any]] = {"key": [], "value": [], "mod": [], "record": []}
-                for entry in sm.records():
-                    cols["key"].append(key_bytes(entry[0]))
-                    cols["value"].append(entry[1])
-                    cols["mod"].append(entry[2])
-                    cols["record"].append(pack(entry))
-                    if len(cols["key"]) == 65536:
-                        yield pa.RecordBatch.from_pydict(cols, schema=schema)
-                        cols = {name: [] for name in cols}
-                yield pa.RecordBatch.from_pydict(cols, schema=schema)
+                        unpacker = msgpack.Unpacker(payload, raw=False, use_list=False,
+                                                    unicode_errors="surrogatepass")
+                        next(unpacker)
+                        for _ in range(low):
+                            unpacker.skip()
+                        for start in range(low, high, 65536):
+                            keys, values, mods = [], [], []
+                            for key, value, mod in islice(unpacker, min(65536, high - start)):
+                                keys.append(key_bytes(key))
+                                values.append(value)
+                                mods.append(mod)
+                            yield pa.RecordBatch.from_arrays(
+                                [pa.array(keys, pa.binary()), pa.array(mods, pa.int64()),
+                                 pa.array([OP_BASE] * len(keys), pa.int8()),
+                                 pa.array(values, pa.binary()), pa.nulls(len(keys), pa.int64())],
+                                schema=schema)
 
-    frame = spark.createDataFrame([(doc,)], "snapshot string")
-    return frame.mapInArrow(read, "key binary, value binary, mod long, record binary").cache()
+    frame = spark.range(parts, numPartitions=parts)
+    return frame.mapInArrow(lambda batches: paused_gc(read(batches)), _KEY_ROWS).cache()
 
 
-def _runs(batches: Iterator[Any], by: str, columns: tuple[str, ...]
-          ) -> Iterator[tuple[bytes, list[tuple[Any, ...]]]]:
-    """Consecutive rows with the same `by` value (the partition is sorted by it), across batch
-    boundaries: (value, [row tuples of `columns`])."""
-    current: bytes | None = None
-    rows: list[tuple[Any, ...]] = []
-    for batch in batches:
-        keys = batch.column(batch.schema.get_field_index(by)).to_pylist()
-        cols = [batch.column(batch.schema.get_field_index(c)).to_pylist() for c in columns]
-        for n, key in enumerate(keys):
-            if key != current:
-                if current is not None:
-                    yield current, rows
-                current, rows = key, []
-            rows.append(tuple(col[n] for col in cols))
-    if current is not None:
-        yield current, rows
+_KEY_ROWS = "key binary, index long, op byte, value binary, prev_index long"

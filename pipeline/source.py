@@ -10,6 +10,7 @@ unverified enters Spark.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,18 +19,21 @@ from flotilla.node.archive import ClusterArchive, open_archive
 from flotilla.node.archive.manifest import SegmentRecord
 from flotilla.node.consensus import EntryKind
 
-from .kvfold import decode
+from .kvfold import OP_DELETE, OP_PUT, decode_fields, key_bytes, key_text
 
-__all__ = ["OPS_SCHEMA", "ArchiveRef", "decode_segments", "key_bytes", "key_text"]
+__all__ = ["OPS_SCHEMA", "ArchiveRef", "decode_segments", "key_bytes", "key_text",
+           "paused_gc"]
 
-PUT, DELETE, BAD = 0, 1, -1
+PUT, DELETE, BAD = OP_PUT, OP_DELETE, -1
 
 # One row per entry: kind is the entry kind; op/key/... only for normal entries (op BAD for a
-# command that does not decode); data only for membership entries. seg is the first index of
-# the segment the entry came from (the unit of the clock's prefix). ts_ms is the entry's own
-# time (its leader's clock at append; 0 when unknown), ts the key-value command's.
+# command that does not decode); data only for membership entries. ts_ms is the entry's own
+# time (its leader's clock at append; 0 when unknown). run is the running maximum of the
+# commands' `ts` over the decodable commands of this part so far (null for other entries);
+# part numbers the runs of consecutive segments one task decodes, in log order, so the
+# machine's clock at a command is max(run, the clock before its part).
 OPS_SCHEMA = ("index long, term long, ts_ms long, kind byte, op byte, key binary, "
-              "value binary, prev_index long, client binary, seq long, ts long, seg long, "
+              "value binary, prev_index long, client binary, seq long, run long, part int, "
               "data binary")
 
 
@@ -55,46 +59,78 @@ def cluster_archive(ref: ArchiveRef) -> ClusterArchive:
     return found
 
 
-def key_bytes(key: str) -> bytes:
-    """Keys and client ids as Spark carries them: UTF-8 bytes, lone surrogates kept. Binary
-    order of UTF-8 is the code-point order the machine sorts keys by."""
-    return key.encode("utf-8", "surrogatepass")
-
-
-def key_text(raw: bytes) -> str:
-    return raw.decode("utf-8", "surrogatepass")
+def paused_gc(batches: Iterator[Any]) -> Iterator[Any]:
+    """`batches` with the cyclic collector paused while each is made: a task makes millions
+    of short-lived objects that hold no cycles, and the collector's passes over them cost more
+    than the work (as `KVStateMachine.restore` found)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield from batches
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def decode_segments(ref: ArchiveRef, upto: int, segments: Sequence[SegmentRecord],
-                    above: int = 0) -> Iterator[dict[str, list[Any]]]:
-    """The entries above index `above` and up to `upto` of `segments`, as column batches of
-    OPS_SCHEMA (one batch per segment)."""
+                    above: int = 0, part: int = 0) -> Iterator[Any]:
+    """The entries above index `above` and up to `upto` of `segments` (consecutive, possibly
+    overlapping: an index is taken once), as Arrow batches of OPS_SCHEMA, one per segment."""
+    import pyarrow as pa
+
+    schema = arrow_schema(OPS_SCHEMA)
     archive = cluster_archive(ref)
+    normal, membership = int(EntryKind.NORMAL), int(EntryKind.MEMBERSHIP)
+    last, run = above, -1
     for record in segments:
-        cols: dict[str, list[Any]] = {name: [] for name in _COLUMNS}
+        if record.last <= last:
+            continue
+        cols: list[list[Any]] = [[] for _ in range(13)]
+        (index, term, ts_ms, kind, op, key, value, prev, client, seq, runs, _,
+         data) = (c.append for c in cols)
         for entry in archive.read_segment(record):
-            if entry.index <= above or entry.index > upto:
+            i = entry.index
+            if i <= last:
                 continue
-            cols["index"].append(entry.index)
-            cols["term"].append(entry.term)
-            cols["ts_ms"].append(entry.ts_ms)
-            cols["kind"].append(entry.kind)
-            cols["seg"].append(record.first)
-            if entry.kind == EntryKind.NORMAL:
-                op = decode(entry.index, entry.data)
-                cols["op"].append(BAD if op.op is None else PUT if op.op == "put" else DELETE)
-                cols["key"].append(None if op.op is None else key_bytes(op.key))
-                cols["value"].append(None if op.op is None else op.value)
-                cols["prev_index"].append(op.prev_index)
-                cols["client"].append(None if op.client is None else key_bytes(op.client))
-                cols["seq"].append(op.seq)
-                cols["ts"].append(None if op.op is None else op.ts)
-                cols["data"].append(None)
-            else:
-                for name in ("op", "key", "value", "prev_index", "client", "seq", "ts"):
-                    cols[name].append(None)
-                cols["data"].append(entry.data if entry.kind == EntryKind.MEMBERSHIP else None)
-        yield cols
+            if i > upto:
+                break
+            last = i
+            index(i)
+            term(entry.term)
+            ts_ms(entry.ts_ms)
+            kind(entry.kind)
+            fields = decode_fields(entry.data) if entry.kind == normal else None
+            if fields is None:
+                op(BAD if entry.kind == normal else None)
+                for add in (key, value, prev, client, seq, runs):
+                    add(None)
+                data(entry.data if entry.kind == membership else None)
+                continue
+            op(fields[0])
+            key(fields[1])
+            value(fields[2])
+            prev(fields[3])
+            client(fields[4])
+            seq(fields[5])
+            if fields[6] > run:
+                run = fields[6]
+            runs(run)
+            data(None)
+        count = len(cols[0])
+        if count:
+            cols[11] = [part] * count
+            yield pa.RecordBatch.from_arrays(
+                [pa.array(c, type=f.type) for c, f in zip(cols, schema, strict=True)],
+                schema=schema)
+        if last >= upto:
+            return
 
 
-_COLUMNS = [part.split()[0] for part in OPS_SCHEMA.split(", ")]
+def arrow_schema(ddl: str) -> Any:
+    """The Arrow schema of a Spark DDL string of the types the pipeline uses."""
+    import pyarrow as pa
+
+    types = {"long": pa.int64(), "int": pa.int32(), "byte": pa.int8(), "binary": pa.binary(),
+             "string": pa.string()}
+    return pa.schema([(name, types[kind]) for name, kind in
+                      (part.split() for part in ddl.split(", "))])
