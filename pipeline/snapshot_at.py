@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import islice
@@ -50,6 +51,7 @@ from .kvfold import (
     OP_BASE,
     SessionSketch,
     assemble_payload,
+    decode_fields,
     finish_session,
     fold_clients,
     fold_keys,
@@ -57,13 +59,22 @@ from .kvfold import (
 )
 from .replay import replay_snapshot
 from .source import (
-    BAD,
-    OPS_SCHEMA,
+    DECODED,
+    FLUSH_ENTRIES,
+    KEY_ROWS,
+    KEYS,
+    SESSION_ROWS,
+    SESSIONS,
+    STATS,
     ArchiveRef,
+    PartStats,
     arrow_schema,
+    cluster_archive,
     decode_segments,
+    from_blob,
     key_text,
     paused_gc,
+    to_blob,
 )
 from .spark import PipelineError
 
@@ -206,7 +217,7 @@ def snapshot_at(spark: Any, ref: ArchiveRef, index: int | None = None, *,
         with tempfile.TemporaryDirectory(prefix="flotilla-snapshot-at-") as work:
             if job.folds:
                 base_meta, base = _read_base(cluster, plan, Path(work))
-                ops = _ops(spark, ref, plan, tasks)
+                ops = _ops(spark, ref, plan, tasks, base)
                 meta = _meta_at(ops, plan, base_meta)
                 path = _synthesize(spark, ref, plan, ops, meta, base, Path(work))
             else:
@@ -253,12 +264,16 @@ class _Base:
     sessions: dict[str, Session]
     path: Path | None
     keys: int = 0  # how many key records it holds
+    sample: tuple[bytes, ...] = ()  # every len(sample)-th key, for the key stage's ranges
+
+
+BASE_SAMPLE = 4096  # keys of the base snapshot sampled for the key stage's ranges
 
 
 def _read_base(cluster: ClusterArchive, plan: RestorePlan,
                work: Path) -> tuple[SnapshotMeta | None, _Base]:
-    """The base snapshot's header and sessions. Its key records are skipped, not decoded:
-    tasks read them (`_base_keys`), so the driver never holds the keys."""
+    """The base snapshot's header, sessions and a sample of its keys. Its key records are
+    skipped, not decoded: tasks read them (`_base_keys`), so the driver never holds them."""
     if plan.snapshot is None:
         empty = KVStateMachine()
         return None, _Base(0, 0, empty.session_ttl_ms, empty.session_window, {}, None)
@@ -274,8 +289,13 @@ def _read_base(cluster: ClusterArchive, plan: RestorePlan,
             unpacker = msgpack.Unpacker(payload, raw=False, use_list=False,
                                         unicode_errors="surrogatepass")
             header = _payload_header(next(unpacker), name)
-            for _ in range(header["keys"]):
-                unpacker.skip()
+            step = max(1, header["keys"] // BASE_SAMPLE)
+            sample = []
+            for n in range(header["keys"]):
+                if n % step:
+                    unpacker.skip()
+                else:
+                    sample.append(key_bytes(next(unpacker)[0]))
             sessions: dict[str, Session] = {}
             for _ in range(header["sessions"]):
                 client, last_seq, last_active, results = next(unpacker)
@@ -285,7 +305,7 @@ def _read_base(cluster: ClusterArchive, plan: RestorePlan,
         except (StopIteration, ValueError, TypeError, msgpack.UnpackException) as exc:
             raise PipelineError(f"{name} is not a readable key-value snapshot: {exc}") from None
     return meta, _Base(header["applied_index"], header["clock"], header["session_ttl_ms"],
-                       header["session_window"], sessions, path, header["keys"])
+                       header["session_window"], sessions, path, header["keys"], tuple(sample))
 
 
 def _payload_header(header: Any, name: str) -> dict[str, Any]:
@@ -296,17 +316,23 @@ def _payload_header(header: Any, name: str) -> dict[str, Any]:
     return header
 
 
-def _ops(spark: Any, ref: ArchiveRef, plan: RestorePlan, tasks: int | None) -> Any:
+def _ops(spark: Any, ref: ArchiveRef, plan: RestorePlan, tasks: int | None,
+         base: _Base) -> _Decoded:
     """Every entry after the base up to the target, decoded by a few large tasks, each taking
-    a run of consecutive segments (a part) so that it can keep the clock's running maximum."""
-    parallel = tasks or spark.sparkContext.defaultParallelism
+    a run of consecutive segments (a part) so that it can keep the clock's running maximum,
+    and handing over its rows already cut for the stages that follow: commands with a client
+    id by bucket of clients, every command by range of keys."""
+    sc = spark.sparkContext
+    parallel = tasks or sc.defaultParallelism
+    buckets = sc.defaultParallelism  # the session stage's partitions
+    bounds = _key_bounds(ref, plan, base, KEY_RANGES_PER_CORE * sc.defaultParallelism)
     docs = []
     above = plan.base_index
     for chunk in _consecutive(list(plan.segments), parallel):
         docs.append(json.dumps({"above": above, "segments": [s.to_json() for s in chunk]}))
         above = max(above, chunk[-1].last)
     if not docs:
-        return spark.createDataFrame([], OPS_SCHEMA)
+        return _Decoded(spark.createDataFrame([], DECODED), bounds, buckets)
     upto = plan.index
 
     def decode_parts(batches: Iterator[Any]) -> Iterator[Any]:
@@ -317,10 +343,54 @@ def _ops(spark: Any, ref: ArchiveRef, plan: RestorePlan, tasks: int | None) -> A
                 doc = json.loads(docs[part])
                 records = [SegmentRecord(d["first"], d["last"], d["key"], d["bytes"],
                                          d["sha256"]) for d in doc["segments"]]
-                yield from paused_gc(decode_segments(ref, upto, records, doc["above"], part))
+                yield from paused_gc(decode_segments(ref, upto, records, doc["above"], part,
+                                                     buckets, bounds))
 
     parts = spark.range(len(docs), numPartitions=len(docs))
-    return parts.mapInArrow(decode_parts, OPS_SCHEMA).cache()
+    return _Decoded(parts.mapInArrow(decode_parts, DECODED).cache(), bounds, buckets)
+
+
+@dataclass(frozen=True, slots=True)
+class _Decoded:
+    """The decode stage's output (rows of source.DECODED, cached) and how it was cut."""
+
+    frame: Any
+    bounds: list[bytes]  # the key ranges: range r holds bounds[r - 1] <= key < bounds[r]
+    buckets: int  # the buckets of clients
+
+
+KEY_RANGES_PER_CORE = 2  # smaller ranges even out the work of the key stage's tasks
+SAMPLE_SEGMENTS = 4  # segments the driver reads to sample the keys the log writes
+
+
+def _key_bounds(ref: ArchiveRef, plan: RestorePlan, base: _Base, ranges: int) -> list[bytes]:
+    """Keys that cut the key stage's rows (the commands and the base entries) into `ranges`
+    ranges of about as many rows, from a sample: the keys of a few segments spread over the
+    plan (read here, on the driver) and the base snapshot's sample."""
+    segments = list(plan.segments)
+    picked = sorted({segments[n * (len(segments) - 1) // max(1, SAMPLE_SEGMENTS - 1)]
+                     for n in range(SAMPLE_SEGMENTS)}, key=lambda s: s.first) if segments else []
+    logged: list[bytes] = []
+    for segment in picked:
+        for entry in cluster_archive(ref).read_segment(segment):
+            if (entry.kind == EntryKind.NORMAL and plan.base_index < entry.index <= plan.index
+                    and (fields := decode_fields(entry.data)) is not None):
+                logged.append(fields[1])
+    entries = plan.index - plan.base_index
+    samples = [(key, entries / len(logged)) for key in logged]
+    if base.sample:
+        samples += [(key, base.keys / len(base.sample)) for key in base.sample]
+    samples.sort()
+    total = sum(weight for _, weight in samples)
+    bounds: list[bytes] = []
+    done = 0.0
+    for key, weight in samples:
+        if len(bounds) + 1 >= ranges:
+            break
+        if done >= total * (len(bounds) + 1) / ranges and (not bounds or key > bounds[-1]):
+            bounds.append(key)
+        done += weight
+    return bounds
 
 
 def _consecutive(segments: list[Any], count: int) -> list[list[Any]]:
@@ -337,22 +407,24 @@ def _consecutive(segments: list[Any], count: int) -> list[list[Any]]:
     return [run for run in runs if run]
 
 
-def _meta_at(ops: Any, plan: RestorePlan, base_meta: SnapshotMeta | None) -> SnapshotMeta:
-    """Term of the target entry and the configuration in force there (the last membership
-    entry at or below it, else the base snapshot's)."""
+def _stats(ops: _Decoded) -> list[PartStats]:
     from pyspark.sql import functions as F
 
+    found = ops.frame.filter(F.col("kind") == STATS).select("blob").collect()
+    return sorted((PartStats.unpack(row[0]) for row in found), key=lambda s: s.part)
+
+
+def _meta_at(ops: _Decoded, plan: RestorePlan, base_meta: SnapshotMeta | None) -> SnapshotMeta:
+    """Term of the target entry and the configuration in force there (the last membership
+    entry at or below it, else the base snapshot's)."""
     index = plan.index
     if index == plan.base_index and base_meta is not None:
         return base_meta
-    rows = (ops.filter((F.col("index") == index)
-                       | (F.col("kind") == int(EntryKind.MEMBERSHIP)))
-            .select("index", "term", "ts_ms", "kind", "data").collect())
-    found = [row for row in rows if row["index"] == index]
+    stats = _stats(ops)
+    found = [s.target for s in stats if s.target is not None]
     if not found:
         raise PipelineError(f"entry {index} is missing from the archived segments")
-    changes = sorted((row["index"], row["data"]) for row in rows
-                     if row["kind"] == int(EntryKind.MEMBERSHIP))
+    changes = sorted(change for s in stats for change in s.memberships)
     if changes:
         membership = Membership.decode(changes[-1][1])
     elif base_meta is not None:
@@ -362,159 +434,213 @@ def _meta_at(ops: Any, plan: RestorePlan, base_meta: SnapshotMeta | None) -> Sna
         # the log or the archive. A restore takes its configuration from --initial-cluster and
         # reads only the payload, which is exact either way.
         membership = EMPTY_MEMBERSHIP
-    return SnapshotMeta(index, found[0]["term"], membership, found[0]["ts_ms"])
+    term, ts_ms = found[0]
+    return SnapshotMeta(index, term, membership, ts_ms)
 
 
-def _synthesize(spark: Any, ref: ArchiveRef, plan: RestorePlan, ops: Any, meta: SnapshotMeta,
-                base: _Base, work: Path) -> Path:
+def _synthesize(spark: Any, ref: ArchiveRef, plan: RestorePlan, ops: _Decoded,
+                meta: SnapshotMeta, base: _Base, work: Path) -> Path:
+    """The sessions stage, then the keys stage, then the payload. Spark moves the decode
+    stage's blobs to the task of their bucket or range; the tasks fold them."""
     from pyspark.sql import functions as F
 
-    parallel = spark.sparkContext.defaultParallelism
-    normal = int(EntryKind.NORMAL)
-    cached = [ops]
+    sc = spark.sparkContext
+    decoded, bounds = ops.frame, ops.bounds
 
     # The clock: each part's running maximum, and a prefix over the parts on the driver.
-    stats = sorted(ops.groupBy("part").agg(
-        F.max("run").alias("run"),
-        F.max(F.when(F.col("kind") == normal, F.col("index"))).alias("normal")).collect())
+    stats = _stats(ops)
     starts: list[int] = []
     clock = base.clock
-    for part, run, _ in stats:
-        starts.extend([clock] * (part + 1 - len(starts)))
-        clock = max(clock, -1 if run is None else run)
+    for s in stats:
+        starts.extend([clock] * (s.part + 1 - len(starts)))
+        clock = max(clock, s.run)
     final_clock = clock
-    last_normal = max((row["normal"] for row in stats if row["normal"] is not None),
-                      default=None)
+    last_normal = max((s.last_normal for s in stats if s.last_normal is not None), default=None)
     applied = base.applied_index if last_normal is None else last_normal
 
     # Sessions, per client: the indexes answered from a session, and each session's sketch.
     ttl, window, base_sessions = base.ttl_ms, base.window, base.sessions
-    per_client = (ops.filter(F.col("client").isNotNull())
-                  .select("client", "index", "seq", "run", "part")
-                  .repartition(parallel, "client").sortWithinPartitions("client", "index"))
 
     def fold_sessions(batches: Iterator[Any]) -> Iterator[Any]:
         import numpy as np
         import pyarrow as pa
 
+        schema = arrow_schema(SESSION_ROWS)
+        found = [from_blob(blob, schema) for batch in batches
+                 for blob in batch.column(1).to_pylist()]
+        if not found:
+            return
+        table = pa.Table.from_batches(found, schema).sort_by(
+            [("client", "ascending"), ("index", "ascending")])
         before = np.array(starts or [0], dtype=np.int64)
 
         def rows() -> Iterator[tuple[bytes, int, int, int]]:
-            for batch in batches:
+            for batch in table.to_batches(65536):
                 clocks = np.maximum(batch.column(3).to_numpy(),
                                     before[batch.column(4).to_numpy()])
                 yield from zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(),
                                batch.column(2).to_pylist(), clocks.tolist(), strict=True)
 
-        schema = arrow_schema("index long, client binary, sketch binary")
         pack = packer().pack
         skipped: list[int] = []
-        names: list[bytes] = []
+        clients: list[bytes] = []
         sketches: list[bytes] = []
         for name, fold in fold_clients(rows(), base_sessions, ttl, window):
             skipped.extend(fold.skipped)
             if fold.session is not None:
                 s = fold.session
-                names.append(key_bytes(name))
+                clients.append(key_bytes(name))
                 sketches.append(pack((s.last_seq, s.last_active, s.recorded)))
-        yield pa.RecordBatch.from_arrays(
-            [pa.array(skipped + [None] * len(names), pa.int64()),
-             pa.array([None] * len(skipped) + names, pa.binary()),
-             pa.array([None] * len(skipped) + sketches, pa.binary())], schema=schema)
+        clients.append(b"")  # the skipped indexes, as int64s
+        sketches.append(np.array(skipped, dtype=np.int64).tobytes())
+        yield pa.RecordBatch.from_arrays([pa.array(clients, pa.binary()),
+                                          pa.array(sketches, pa.binary())],
+                                         names=["client", "blob"])
 
-    sessions_out = per_client.mapInArrow(
-        lambda batches: paused_gc(fold_sessions(batches)),
-        "index long, client binary, sketch binary").cache()
-    cached.append(sessions_out)
+    per_client = (decoded.filter(F.col("kind") == SESSIONS).select("dest", "blob")
+                  .repartitionByRange(ops.buckets, "dest"))
     sketches: dict[str, SessionSketch] = {}
-    for row in sessions_out.filter(F.col("client").isNotNull()).collect():
+    skipped_parts = []
+    for client, blob in per_client.mapInArrow(
+            lambda batches: paused_gc(fold_sessions(batches)),
+            "client binary, blob binary").collect():
+        if not client:
+            skipped_parts.append(blob)
+            continue
         last_seq, last_active, recorded = msgpack.unpackb(
-            row["sketch"], raw=False, unicode_errors="surrogatepass", strict_map_key=False)
-        name = key_text(row["client"])
+            blob, raw=False, unicode_errors="surrogatepass", strict_map_key=False)
+        name = key_text(client)
         sketches[name] = SessionSketch(name, last_seq, last_active,
                                        tuple((q, r) for q, r in recorded))
     wanted = frozenset(r for s in sketches.values() for _, r in s.recorded if isinstance(r, int))
-    skipped = sessions_out.filter(F.col("index").isNotNull()).select("index")
+    skipped = sc.broadcast(b"".join(skipped_parts))
 
-    # Keys, per key: the commands not answered from a session, and every base entry, by
-    # ranges of keys so that the partitions in order are the payload's order.
-    effective = (ops.filter((F.col("kind") == normal) & (F.col("op") != BAD))
-                 .join(F.broadcast(skipped), "index", "left_anti")
-                 .select("key", "index", "op", "value", "prev_index"))
+    # Keys, per range of keys: the commands not answered from a session and every base
+    # entry. Range partitioning keeps the ranges in order: the partitions in order are the
+    # payload's.
+    per_key = decoded.filter(F.col("kind") == KEYS).select("dest", "blob")
+    base_keys = None
     if base.path is not None:
-        base_keys = _base_keys(spark, ref, plan, base.keys, parallel)
-        cached.append(base_keys)
-        effective = effective.unionByName(base_keys)
-    per_key = effective.repartitionByRange(parallel, "key").sortWithinPartitions("key", "index")
+        base_keys = _base_keys(spark, ref, plan, base.keys, sc.defaultParallelism, bounds)
+        per_key = per_key.unionByName(base_keys)
+    per_key = per_key.repartitionByRange(len(bounds) + 1, "dest")
 
-    def fold_by_key(batches: Iterator[Any]) -> Iterator[Any]:
+    def fold_ranges(batches: Iterator[Any]) -> Iterator[Any]:
+        import numpy as np
         import pyarrow as pa
+        import pyarrow.compute as pc
 
-        def rows() -> Iterator[tuple[bytes, int, int, bytes | None, int | None]]:
-            for batch in batches:
-                yield from zip(*(column.to_pylist() for column in batch.columns), strict=True)
-
-        schema = arrow_schema("run binary, n long, rindex long, result binary")
-        results: dict[int, dict[str, Any]] = {}
-        run: list[bytes] = []
-        for record in fold_keys(rows(), wanted, results):
-            run.append(record)
-            if len(run) == 65536:
-                yield pa.RecordBatch.from_arrays(
-                    [pa.array([b"".join(run)]), pa.array([len(run)]), pa.nulls(1, pa.int64()),
-                     pa.nulls(1, pa.binary())], schema=schema)
-                run = []
+        schema = arrow_schema(KEY_ROWS)
+        out = arrow_schema(_FOLDED)
+        by_range: dict[int, list[Any]] = {}
+        for batch in batches:
+            for dest, blob in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(),
+                                  strict=True):
+                by_range.setdefault(dest, []).append(from_blob(blob, schema))
+        gone = pa.array(np.frombuffer(skipped.value, dtype=np.int64))
         pack = packer().pack
-        yield pa.RecordBatch.from_arrays(
-            [pa.array([b"".join(run)] + [None] * len(results), pa.binary()),
-             pa.array([len(run)] + [None] * len(results), pa.int64()),
-             pa.array([None, *results], pa.int64()),
-             pa.array([None, *map(pack, results.values())], pa.binary())], schema=schema)
+        for dest in sorted(by_range):
+            table = pa.Table.from_batches(by_range.pop(dest), schema)
+            if len(gone):
+                table = table.filter(pc.invert(pc.is_in(table["index"], value_set=gone)))
+            # Arrow sorts binary as unsigned bytes: the code-point order of UTF-8 keys.
+            table = table.sort_by([("key", "ascending"), ("index", "ascending")])
 
-    folded = per_key.mapInArrow(lambda batches: paused_gc(fold_by_key(batches)),
-                                "run binary, n long, rindex long, result binary").cache()
-    cached.append(folded)
-    results = {r["rindex"]: msgpack.unpackb(r["result"], raw=False, strict_map_key=False)
-               for r in folded.filter(F.col("rindex").isNotNull()).collect()}
-    key_count = folded.agg(F.sum("n")).collect()[0][0] or 0
+            def rows(table: Any = table) -> Iterator[tuple[Any, ...]]:
+                for batch in table.to_batches(65536):
+                    yield from zip(*(column.to_pylist() for column in batch.columns),
+                                   strict=True)
 
-    sessions = [finish_session(s, results) for s in sketches.values()]
-    sessions += [s for c, s in base_sessions.items() if c not in sketches]
-    store = SnapshotStore(work / "out")
-    runs = folded.filter(F.col("run").isNotNull()).select("run")
+            results: dict[int, dict[str, Any]] = {}
+            run: list[bytes] = []
+            for record in fold_keys(rows(), wanted, results):
+                run.append(record)
+                if len(run) == 65536:
+                    yield _folded_batch(out, dest, run, {})
+                    run = []
+            yield _folded_batch(out, dest, run, {i: pack(r) for i, r in results.items()})
 
-    def write(stream: Any) -> None:
-        assemble_payload(stream, applied_index=applied, clock=final_clock, ttl_ms=ttl,
-                         window=window, key_count=key_count,
-                         key_records=(row["run"] for row in runs.toLocalIterator()),
-                         sessions=sessions)
-
+    folded = per_key.mapInArrow(lambda batches: paused_gc(fold_ranges(batches)),
+                                _FOLDED).cache()
     try:
-        return store.save(meta, KVStateMachine.kind, write)
+        results = {r["rindex"]: msgpack.unpackb(r["result"], raw=False, strict_map_key=False)
+                   for r in folded.filter(F.col("rindex").isNotNull()).collect()}
+        key_count = folded.agg(F.sum("n")).collect()[0][0] or 0
+        sessions = [finish_session(s, results) for s in sketches.values()]
+        sessions += [s for c, s in base_sessions.items() if c not in sketches]
+        runs = folded.filter(F.col("run").isNotNull()).select("run")
+
+        def write(stream: Any) -> None:
+            assemble_payload(stream, applied_index=applied, clock=final_clock, ttl_ms=ttl,
+                             window=window, key_count=key_count,
+                             key_records=(row[0] for row in runs.toLocalIterator()),
+                             sessions=sessions)
+
+        return SnapshotStore(work / "out").save(meta, KVStateMachine.kind, write)
     finally:
-        for frame in cached:  # the last stage to read them
-            frame.unpersist()
+        for frame in (folded, base_keys, decoded):  # the last stage to read them
+            if frame is not None:
+                frame.unpersist()
+        skipped.unpersist()
 
 
-def _base_keys(spark: Any, ref: ArchiveRef, plan: RestorePlan, count: int, parts: int) -> Any:
-    """The base snapshot's key records as key-stage rows (index: the key's mod index), read
-    by `parts` tasks: each verifies the whole object and decodes its share of the records."""
+_FOLDED = "run binary, n long, rindex long, result binary"
+
+
+def _folded_batch(schema: Any, dest: int, run: list[bytes], results: dict[int, bytes]) -> Any:
+    """One run of packed key records, then the results the sessions record."""
+    import pyarrow as pa
+
+    count = len(results)
+    return pa.RecordBatch.from_arrays(
+        [pa.array([b"".join(run), *[None] * count], pa.binary()),
+         pa.array([len(run), *[None] * count], pa.int64()),
+         pa.array([None, *results], pa.int64()),
+         pa.array([None, *results.values()], pa.binary())], schema=schema)
+
+
+def _base_keys(spark: Any, ref: ArchiveRef, plan: RestorePlan, count: int, parts: int,
+               bounds: list[bytes]) -> Any:
+    """The base snapshot's key records as blobs of KEY_ROWS (index: the key's mod index) for
+    their key ranges, read by `parts` tasks: each verifies the whole object and decodes its
+    share, which is in key order, so it is cut at the bounds without a sort."""
     snap = plan.snapshot
     assert snap is not None
     doc = json.dumps(snap.to_json())
-    bounds = [count * n // parts for n in range(parts + 1)]
+    shares = [count * n // parts for n in range(parts + 1)]
 
     def read(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
-        from .source import cluster_archive
-
         d = json.loads(doc)
         record = SnapshotRecord(d["index"], d["term"], d["key"], d["bytes"], d["sha256"])
-        schema = arrow_schema(_KEY_ROWS)
+        schema = arrow_schema(KEY_ROWS)
+
+        def blobs(keys: list[bytes], values: list[bytes], mods: list[int]) -> Any:
+            dests, out = [], []
+            start = 0
+            for dest in range(bisect_right(bounds, keys[0]), len(bounds) + 1):
+                end = len(keys) if dest == len(bounds) else bisect_left(keys, bounds[dest])
+                if end > start:
+                    dests.append(dest)
+                    out.append(to_blob(pa.RecordBatch.from_arrays(
+                        [pa.array(keys[start:end], pa.binary()),
+                         pa.array(mods[start:end], pa.int64()),
+                         pa.array([OP_BASE] * (end - start), pa.int8()),
+                         pa.array(values[start:end], pa.binary()),
+                         pa.nulls(end - start, pa.int64())], schema=schema)))
+                start = end
+                if start == len(keys):
+                    break
+            return pa.RecordBatch.from_arrays([pa.array(dests, pa.int32()),
+                                               pa.array(out, pa.binary())],
+                                              names=["dest", "blob"])
+
         for batch in batches:
             for part in batch.column(0).to_pylist():
-                low, high = bounds[part], bounds[part + 1]
+                low, high = shares[part], shares[part + 1]
+                if low == high:
+                    continue
                 with tempfile.TemporaryDirectory() as tmp:
                     path = Path(tmp) / "base.snap"
                     cluster_archive(ref).download_snapshot(record, path)
@@ -524,20 +650,15 @@ def _base_keys(spark: Any, ref: ArchiveRef, plan: RestorePlan, count: int, parts
                         next(unpacker)
                         for _ in range(low):
                             unpacker.skip()
-                        for start in range(low, high, 65536):
+                        for start in range(low, high, FLUSH_ENTRIES):
                             keys, values, mods = [], [], []
-                            for key, value, mod in islice(unpacker, min(65536, high - start)):
+                            for key, value, mod in islice(unpacker,
+                                                          min(FLUSH_ENTRIES, high - start)):
                                 keys.append(key_bytes(key))
                                 values.append(value)
                                 mods.append(mod)
-                            yield pa.RecordBatch.from_arrays(
-                                [pa.array(keys, pa.binary()), pa.array(mods, pa.int64()),
-                                 pa.array([OP_BASE] * len(keys), pa.int8()),
-                                 pa.array(values, pa.binary()), pa.nulls(len(keys), pa.int64())],
-                                schema=schema)
+                            yield blobs(keys, values, mods)
 
     frame = spark.range(parts, numPartitions=parts)
-    return frame.mapInArrow(lambda batches: paused_gc(read(batches)), _KEY_ROWS).cache()
-
-
-_KEY_ROWS = "key binary, index long, op byte, value binary, prev_index long"
+    return frame.mapInArrow(lambda batches: paused_gc(read(batches)),
+                            "dest int, blob binary").cache()
