@@ -22,6 +22,7 @@ import json
 import tempfile
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
@@ -332,7 +333,7 @@ def _ops(spark: Any, ref: ArchiveRef, plan: RestorePlan, tasks: int | None,
         docs.append(json.dumps({"above": above, "segments": [s.to_json() for s in chunk]}))
         above = max(above, chunk[-1].last)
     if not docs:
-        return _Decoded(spark.createDataFrame([], DECODED), bounds, buckets)
+        return _Decoded(spark.createDataFrame([], DECODED), bounds, buckets, [])
     upto = plan.index
 
     def decode_parts(batches: Iterator[Any]) -> Iterator[Any]:
@@ -346,8 +347,13 @@ def _ops(spark: Any, ref: ArchiveRef, plan: RestorePlan, tasks: int | None,
                 yield from paused_gc(decode_segments(ref, upto, records, doc["above"], part,
                                                      buckets, bounds))
 
+    from pyspark.sql import functions as F
+
     parts = spark.range(len(docs), numPartitions=len(docs))
-    return _Decoded(parts.mapInArrow(decode_parts, DECODED).cache(), bounds, buckets)
+    frame = parts.mapInArrow(decode_parts, DECODED).cache()
+    found = frame.filter(F.col("kind") == STATS).select("blob").collect()  # runs the stage
+    stats = sorted((PartStats.unpack(row[0]) for row in found), key=lambda s: s.part)
+    return _Decoded(frame, bounds, buckets, stats)
 
 
 @dataclass(frozen=True, slots=True)
@@ -357,6 +363,7 @@ class _Decoded:
     frame: Any
     bounds: list[bytes]  # the key ranges: range r holds bounds[r - 1] <= key < bounds[r]
     buckets: int  # the buckets of clients
+    stats: list[PartStats]  # by part
 
 
 KEY_RANGES_PER_CORE = 2  # smaller ranges even out the work of the key stage's tasks
@@ -407,20 +414,13 @@ def _consecutive(segments: list[Any], count: int) -> list[list[Any]]:
     return [run for run in runs if run]
 
 
-def _stats(ops: _Decoded) -> list[PartStats]:
-    from pyspark.sql import functions as F
-
-    found = ops.frame.filter(F.col("kind") == STATS).select("blob").collect()
-    return sorted((PartStats.unpack(row[0]) for row in found), key=lambda s: s.part)
-
-
 def _meta_at(ops: _Decoded, plan: RestorePlan, base_meta: SnapshotMeta | None) -> SnapshotMeta:
     """Term of the target entry and the configuration in force there (the last membership
     entry at or below it, else the base snapshot's)."""
     index = plan.index
     if index == plan.base_index and base_meta is not None:
         return base_meta
-    stats = _stats(ops)
+    stats = ops.stats
     found = [s.target for s in stats if s.target is not None]
     if not found:
         raise PipelineError(f"entry {index} is missing from the archived segments")
@@ -440,6 +440,30 @@ def _meta_at(ops: _Decoded, plan: RestorePlan, base_meta: SnapshotMeta | None) -
 
 def _synthesize(spark: Any, ref: ArchiveRef, plan: RestorePlan, ops: _Decoded,
                 meta: SnapshotMeta, base: _Base, work: Path) -> Path:
+    with _unchecked_shuffles(spark):
+        return _fold(spark, ref, plan, ops, meta, base, work)
+
+
+@contextmanager
+def _unchecked_shuffles(spark: Any) -> Iterator[None]:
+    """Spark 4.1 and later hash every shuffled row (an order-independent checksum) to notice
+    a retried task that writes other data than its first attempt. These stages shuffle blobs
+    that a retry rebuilds byte for byte (the decode of the same segments, the same folds), so
+    the check only costs: hashing the blobs took about a sixth of the JVM's CPU."""
+    key = "spark.sql.shuffle.orderIndependentChecksum.enabled"
+    before = spark.conf.get(key, None)
+    spark.conf.set(key, "false")
+    try:
+        yield
+    finally:
+        if before is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, before)
+
+
+def _fold(spark: Any, ref: ArchiveRef, plan: RestorePlan, ops: _Decoded, meta: SnapshotMeta,
+          base: _Base, work: Path) -> Path:
     """The sessions stage, then the keys stage, then the payload. Spark moves the decode
     stage's blobs to the task of their bucket or range; the tasks fold them."""
     from pyspark.sql import functions as F
@@ -448,7 +472,7 @@ def _synthesize(spark: Any, ref: ArchiveRef, plan: RestorePlan, ops: _Decoded,
     decoded, bounds = ops.frame, ops.bounds
 
     # The clock: each part's running maximum, and a prefix over the parts on the driver.
-    stats = _stats(ops)
+    stats = ops.stats
     starts: list[int] = []
     clock = base.clock
     for s in stats:
@@ -536,15 +560,22 @@ def _synthesize(spark: Any, ref: ArchiveRef, plan: RestorePlan, ops: _Decoded,
         for batch in batches:
             for dest, blob in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(),
                                   strict=True):
-                by_range.setdefault(dest, []).append(from_blob(blob, schema))
+                batch = from_blob(blob, schema)
+                by_range.setdefault(dest, []).append((batch.column(1)[0].as_py(), batch))
         gone = pa.array(np.frombuffer(skipped.value, dtype=np.int64))
         pack = packer().pack
         for dest in sorted(by_range):
-            table = pa.Table.from_batches(by_range.pop(dest), schema)
+            # Each blob holds ascending indexes, and blobs hold disjoint ranges of them (a base
+            # entry's mod index is below every command's): in order of their first index,
+            # the rows are in index order, and a stable sort by key alone puts them in
+            # (key, index) order.
+            found = sorted(by_range.pop(dest), key=lambda pair: pair[0])
+            table = pa.Table.from_batches([batch for _, batch in found], schema)
             if len(gone):
                 table = table.filter(pc.invert(pc.is_in(table["index"], value_set=gone)))
-            # Arrow sorts binary as unsigned bytes: the code-point order of UTF-8 keys.
-            table = table.sort_by([("key", "ascending"), ("index", "ascending")])
+            # Arrow's sort is stable and orders binary as unsigned bytes: the code-point
+            # order of UTF-8 keys.
+            table = table.take(pc.sort_indices(table["key"]))
 
             def rows(table: Any = table) -> Iterator[tuple[Any, ...]]:
                 for batch in table.to_batches(65536):
@@ -563,9 +594,13 @@ def _synthesize(spark: Any, ref: ArchiveRef, plan: RestorePlan, ops: _Decoded,
     folded = per_key.mapInArrow(lambda batches: paused_gc(fold_ranges(batches)),
                                 _FOLDED).cache()
     try:
-        results = {r["rindex"]: msgpack.unpackb(r["result"], raw=False, strict_map_key=False)
-                   for r in folded.filter(F.col("rindex").isNotNull()).collect()}
-        key_count = folded.agg(F.sum("n")).collect()[0][0] or 0
+        results: dict[int, dict[str, Any]] = {}
+        key_count = 0
+        for n, index, result in folded.select("n", "rindex", "result").collect():
+            if index is None:
+                key_count += n
+            else:
+                results[index] = msgpack.unpackb(result, raw=False, strict_map_key=False)
         sessions = [finish_session(s, results) for s in sketches.values()]
         sessions += [s for c, s in base_sessions.items() if c not in sketches]
         runs = folded.filter(F.col("run").isNotNull()).select("run")
@@ -573,7 +608,8 @@ def _synthesize(spark: Any, ref: ArchiveRef, plan: RestorePlan, ops: _Decoded,
         def write(stream: Any) -> None:
             assemble_payload(stream, applied_index=applied, clock=final_clock, ttl_ms=ttl,
                              window=window, key_count=key_count,
-                             key_records=(row[0] for row in runs.toLocalIterator()),
+                             key_records=(row[0] for row in
+                                          runs.toLocalIterator(prefetchPartitions=True)),
                              sessions=sessions)
 
         return SnapshotStore(work / "out").save(meta, KVStateMachine.kind, write)
