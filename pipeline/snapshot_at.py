@@ -347,10 +347,11 @@ def _ops(spark: Any, ref: ArchiveRef, plan: RestorePlan, tasks: int | None,
                 yield from paused_gc(decode_segments(ref, upto, records, doc["above"], part,
                                                      buckets, bounds))
 
+    from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     parts = spark.range(len(docs), numPartitions=len(docs))
-    frame = parts.mapInArrow(decode_parts, DECODED).cache()
+    frame = parts.mapInArrow(decode_parts, DECODED).persist(StorageLevel.DISK_ONLY)
     found = frame.filter(F.col("kind") == STATS).select("blob").collect()  # runs the stage
     stats = sorted((PartStats.unpack(row[0]) for row in found), key=lambda s: s.part)
     return _Decoded(frame, bounds, buckets, stats)
@@ -521,8 +522,8 @@ def _fold(spark: Any, ref: ArchiveRef, plan: RestorePlan, ops: _Decoded, meta: S
                                           pa.array(sketches, pa.binary())],
                                          names=["client", "blob"])
 
-    per_client = (decoded.filter(F.col("kind") == SESSIONS).select("dest", "blob")
-                  .repartitionByRange(ops.buckets, "dest"))
+    per_client = _exactly(decoded.filter(F.col("kind") == SESSIONS).select("dest", "blob"),
+                          ops.buckets)
     sketches: dict[str, SessionSketch] = {}
     skipped_parts = []
     for client, blob in per_client.mapInArrow(
@@ -543,16 +544,16 @@ def _fold(spark: Any, ref: ArchiveRef, plan: RestorePlan, ops: _Decoded, meta: S
     # entry. Range partitioning keeps the ranges in order: the partitions in order are the
     # payload's.
     per_key = decoded.filter(F.col("kind") == KEYS).select("dest", "blob")
-    base_keys = None
     if base.path is not None:
-        base_keys = _base_keys(spark, ref, plan, base.keys, sc.defaultParallelism, bounds)
-        per_key = per_key.unionByName(base_keys)
-    per_key = per_key.repartitionByRange(len(bounds) + 1, "dest")
+        per_key = per_key.unionByName(
+            _base_keys(spark, ref, plan, base.keys, sc.defaultParallelism, bounds))
+    per_key = _exactly(per_key, len(bounds) + 1)
 
     def fold_ranges(batches: Iterator[Any]) -> Iterator[Any]:
         import numpy as np
         import pyarrow as pa
         import pyarrow.compute as pc
+        from pyspark import TaskContext
 
         schema = arrow_schema(KEY_ROWS)
         out = arrow_schema(_FOLDED)
@@ -562,6 +563,10 @@ def _fold(spark: Any, ref: ArchiveRef, plan: RestorePlan, ops: _Decoded, meta: S
                                   strict=True):
                 batch = from_blob(blob, schema)
                 by_range.setdefault(dest, []).append((batch.column(1)[0].as_py(), batch))
+        partition = TaskContext.get().partitionId()
+        if any(dest != partition for dest in by_range):  # the payload's order depends on it
+            raise RuntimeError(f"Spark put key ranges {sorted(by_range)} in partition "
+                               f"{partition}: the payload would be out of order")
         gone = pa.array(np.frombuffer(skipped.value, dtype=np.int64))
         pack = packer().pack
         for dest in sorted(by_range):
@@ -614,13 +619,51 @@ def _fold(spark: Any, ref: ArchiveRef, plan: RestorePlan, ops: _Decoded, meta: S
 
         return SnapshotStore(work / "out").save(meta, KVStateMachine.kind, write)
     finally:
-        for frame in (folded, base_keys, decoded):  # the last stage to read them
-            if frame is not None:
-                frame.unpersist()
+        folded.unpersist()
+        decoded.unpersist()  # the last stage to read it
         skipped.unpersist()
 
 
 _FOLDED = "run binary, n long, rindex long, result binary"
+
+
+def _exactly(frame: Any, count: int) -> Any:
+    """`frame` (with a `dest` column, 0 <= dest < count) in `count` partitions, the rows of
+    destination d in partition d: one shuffle, and no job to sample the data as range
+    partitioning would run. Spark puts a row of `repartition(count, c)` in partition
+    pmod(hash(c), count), `hash` being its Murmur3 (the SQL function, which bucketed tables
+    depend on, so it stays put); each destination travels as a label that hashes to it. The
+    key stage's tasks check where their ranges landed."""
+    from pyspark.sql import functions as F
+
+    labels = F.array(*(F.lit(label) for label in _labels(count)))
+    return frame.repartition(count, F.element_at(labels, F.col("dest") + 1))
+
+
+def _labels(count: int) -> list[int]:
+    """For each partition of `count`, the smallest int that Spark's hash sends there."""
+    found: dict[int, int] = {}
+    label = 0
+    while len(found) < count:
+        found.setdefault(spark_hash_int(label) % count, label)
+        label += 1
+    return [found[p] for p in range(count)]
+
+
+def spark_hash_int(value: int, seed: int = 42) -> int:
+    """Spark's `hash` of one int column: Murmur3 x86 32-bit of its 4 bytes (tested against
+    Spark in tests/pipeline/test_snapshot_at.py)."""
+
+    def rotl(x: int, r: int) -> int:
+        return ((x << r) | (x >> (32 - r))) & 0xFFFFFFFF
+
+    k1 = rotl((value & 0xFFFFFFFF) * 0xCC9E2D51 & 0xFFFFFFFF, 15) * 0x1B873593 & 0xFFFFFFFF
+    h1 = (rotl(seed ^ k1, 13) * 5 + 0xE6546B64) & 0xFFFFFFFF
+    h1 ^= 4
+    h1 = (h1 ^ (h1 >> 16)) * 0x85EBCA6B & 0xFFFFFFFF
+    h1 = (h1 ^ (h1 >> 13)) * 0xC2B2AE35 & 0xFFFFFFFF
+    h1 ^= h1 >> 16
+    return h1 - (1 << 32) if h1 >= 1 << 31 else h1
 
 
 def _folded_batch(schema: Any, dest: int, run: list[bytes], results: dict[int, bytes]) -> Any:
@@ -696,5 +739,4 @@ def _base_keys(spark: Any, ref: ArchiveRef, plan: RestorePlan, count: int, parts
                             yield blobs(keys, values, mods)
 
     frame = spark.range(parts, numPartitions=parts)
-    return frame.mapInArrow(lambda batches: paused_gc(read(batches)),
-                            "dest int, blob binary").cache()
+    return frame.mapInArrow(lambda batches: paused_gc(read(batches)), "dest int, blob binary")

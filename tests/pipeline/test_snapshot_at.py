@@ -303,3 +303,17 @@ def test_a_corrupt_segment_fails_naming_the_object(spark, tmp_path):
     from flotilla.pipeline.spark import task_failure
 
     assert victim.name in (task_failure(failed.value) or str(failed.value))
+
+
+def test_every_destination_lands_in_its_own_partition(spark):
+    # The stages rely on Spark's hash partitioning being pmod(hash(c), n) for their labels.
+    from flotilla.pipeline.snapshot_at import _exactly, spark_hash_int
+    from pyspark.sql import functions as F
+
+    ints = spark.range(-300, 300).select(F.col("id").cast("int").alias("i"))
+    assert all(spark_hash_int(i) == h
+               for i, h in ints.select("i", F.hash("i")).collect())
+    for count in (1, 2, 3, 7, 16):
+        rows = spark.range(5 * count).select((F.col("id") % count).cast("int").alias("dest"))
+        placed = _exactly(rows, count).select("dest", F.spark_partition_id()).collect()
+        assert all(dest == partition for dest, partition in placed)
