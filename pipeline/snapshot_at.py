@@ -20,8 +20,11 @@ from __future__ import annotations
 
 import json
 import tempfile
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -45,14 +48,39 @@ from flotilla.node.statemachine.kv import KVStateMachine, packer
 from flotilla.node.statemachine.sessions import Session
 from flotilla.node.storage import PayloadReader, SnapshotStore
 
-from .kvfold import Op, SessionSketch, assemble_payload, finish_session, fold_client, fold_key
+from .kvfold import (
+    OP_BASE,
+    SessionSketch,
+    assemble_payload,
+    decode_fields,
+    finish_session,
+    fold_clients,
+    fold_keys,
+    key_bytes,
+)
 from .replay import replay_snapshot
-from .source import BAD, DELETE, OPS_SCHEMA, PUT, ArchiveRef, decode_segments, key_text
+from .source import (
+    DECODED,
+    FLUSH_ENTRIES,
+    KEY_ROWS,
+    KEYS,
+    SESSION_ROWS,
+    SESSIONS,
+    STATS,
+    ArchiveRef,
+    PartStats,
+    arrow_schema,
+    cluster_archive,
+    decode_segments,
+    from_blob,
+    key_text,
+    paused_gc,
+    to_blob,
+)
 from .spark import PipelineError
 
 __all__ = ["SnapshotAtResult", "plan_snapshot_at", "snapshot_at"]
 
-BASE = 2  # op code of a base snapshot's key record in the key stage
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,7 +226,7 @@ def snapshot_at(spark: Any, ref: ArchiveRef, index: int | None = None, *,
         with tempfile.TemporaryDirectory(prefix="flotilla-snapshot-at-") as work:
             if job.folds:
                 base_meta, base = _read_base(cluster, plan, Path(work))
-                ops = _ops(spark, ref, plan, tasks)
+                ops = _ops(spark, ref, plan, tasks, base)
                 meta = _meta_at(ops, plan, base_meta)
                 path = _synthesize(spark, ref, plan, ops, meta, base, Path(work))
             else:
@@ -236,7 +264,7 @@ def _describe(plan: RestorePlan) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class _Base:
-    """The base snapshot as the driver needs it: all but its key records (read by a task)."""
+    """The base snapshot as the driver needs it: all but its key records (read by tasks)."""
 
     applied_index: int
     clock: int
@@ -244,75 +272,170 @@ class _Base:
     window: int
     sessions: dict[str, Session]
     path: Path | None
+    keys: int = 0  # how many key records it holds
+    sample: tuple[bytes, ...] = ()  # every len(sample)-th key, for the key stage's ranges
+
+
+BASE_SAMPLE = 4096  # keys of the base snapshot sampled for the key stage's ranges
 
 
 def _read_base(cluster: ClusterArchive, plan: RestorePlan,
                work: Path) -> tuple[SnapshotMeta | None, _Base]:
+    """The base snapshot's header, sessions and a sample of its keys. Its key records are
+    skipped, not decoded: tasks read them (`_base_keys`), so the driver never holds them."""
     if plan.snapshot is None:
         empty = KVStateMachine()
         return None, _Base(0, 0, empty.session_ttl_ms, empty.session_window, {}, None)
     path = work / "base.snap"
     meta = cluster.download_snapshot(plan.snapshot, path)
-    sm = KVStateMachine()
+    name = cluster.location(plan.snapshot)
     with PayloadReader(path) as payload:
-        if payload.kind != sm.kind:
-            raise PipelineError(f"{cluster.location(plan.snapshot)} is a snapshot of the "
-                                f"{payload.kind!r} machine, not of the key-value machine: "
-                                "pass that machine's --state-machine module:Class", 2)
-        sm.restore(payload)
-    sessions = {s.client: s for s in sm.sessions()}
-    return meta, _Base(sm.applied_index, sm.clock, sm.session_ttl_ms, sm.session_window,
-                       sessions, path)
+        if payload.kind != KVStateMachine.kind:
+            raise PipelineError(f"{name} is a snapshot of the {payload.kind!r} machine, not of "
+                                "the key-value machine: pass that machine's --state-machine "
+                                "module:Class", 2)
+        try:
+            unpacker = msgpack.Unpacker(payload, raw=False, use_list=False,
+                                        unicode_errors="surrogatepass")
+            header = _payload_header(next(unpacker), name)
+            step = max(1, header["keys"] // BASE_SAMPLE)
+            sample = []
+            for n in range(header["keys"]):
+                if n % step:
+                    unpacker.skip()
+                else:
+                    sample.append(key_bytes(next(unpacker)[0]))
+            sessions: dict[str, Session] = {}
+            for _ in range(header["sessions"]):
+                client, last_seq, last_active, results = next(unpacker)
+                sessions[client] = Session(client, last_seq, last_active,
+                                           tuple(map(tuple, results)))
+            payload.finish()
+        except (StopIteration, ValueError, TypeError, msgpack.UnpackException) as exc:
+            raise PipelineError(f"{name} is not a readable key-value snapshot: {exc}") from None
+    return meta, _Base(header["applied_index"], header["clock"], header["session_ttl_ms"],
+                       header["session_window"], sessions, path, header["keys"], tuple(sample))
 
 
-def _ops(spark: Any, ref: ArchiveRef, plan: RestorePlan, tasks: int | None) -> Any:
-    """Every entry after the base up to the target, decoded by a few large tasks."""
-    segments = list(plan.segments)
-    parallel = tasks or spark.sparkContext.defaultParallelism
-    chunks = [segments[i::parallel] for i in range(min(parallel, len(segments)))]
-    rows = [(json.dumps([s.to_json() for s in chunk]),) for chunk in chunks]
-    upto, above = plan.index, plan.base_index
+def _payload_header(header: Any, name: str) -> dict[str, Any]:
+    if not isinstance(header, dict) or header.get("version") != 1 or not all(
+            type(header.get(f)) is int for f in ("applied_index", "clock", "session_ttl_ms",
+                                                  "session_window", "keys", "sessions")):
+        raise PipelineError(f"{name} is not a version 1 key-value snapshot")
+    return header
 
-    def decode_chunks(batches: Iterator[Any]) -> Iterator[Any]:
-        import pyarrow as pa
+
+def _ops(spark: Any, ref: ArchiveRef, plan: RestorePlan, tasks: int | None,
+         base: _Base) -> _Decoded:
+    """Every entry after the base up to the target, decoded by a few large tasks, each taking
+    a run of consecutive segments (a part) so that it can keep the clock's running maximum,
+    and handing over its rows already cut for the stages that follow: commands with a client
+    id by bucket of clients, every command by range of keys."""
+    sc = spark.sparkContext
+    parallel = tasks or sc.defaultParallelism
+    buckets = sc.defaultParallelism  # the session stage's partitions
+    bounds = _key_bounds(ref, plan, base, KEY_RANGES_PER_CORE * sc.defaultParallelism)
+    docs = []
+    above = plan.base_index
+    for chunk in _consecutive(list(plan.segments), parallel):
+        docs.append(json.dumps({"above": above, "segments": [s.to_json() for s in chunk]}))
+        above = max(above, chunk[-1].last)
+    if not docs:
+        return _Decoded(spark.createDataFrame([], DECODED), bounds, buckets, [])
+    upto = plan.index
+
+    def decode_parts(batches: Iterator[Any]) -> Iterator[Any]:
         from flotilla.node.archive.manifest import SegmentRecord
 
         for batch in batches:
-            for doc in batch.column(0).to_pylist():
+            for part in batch.column(0).to_pylist():
+                doc = json.loads(docs[part])
                 records = [SegmentRecord(d["first"], d["last"], d["key"], d["bytes"],
-                                         d["sha256"]) for d in json.loads(doc)]
-                for cols in decode_segments(ref, upto, records, above):
-                    yield pa.RecordBatch.from_pydict(cols, schema=_arrow(OPS_SCHEMA))
+                                         d["sha256"]) for d in doc["segments"]]
+                yield from paused_gc(decode_segments(ref, upto, records, doc["above"], part,
+                                                     buckets, bounds))
 
-    frame = spark.createDataFrame(rows or [("[]",)], "segments string").repartition(
-        max(1, len(rows)))
-    return frame.mapInArrow(decode_chunks, OPS_SCHEMA).cache()
-
-
-def _arrow(ddl: str) -> Any:
-    import pyarrow as pa
-
-    types = {"long": pa.int64(), "byte": pa.int8(), "binary": pa.binary(),
-             "string": pa.string()}
-    return pa.schema([(name, types[kind]) for name, kind in
-                      (part.split() for part in ddl.split(", "))])
-
-
-def _meta_at(ops: Any, plan: RestorePlan, base_meta: SnapshotMeta | None) -> SnapshotMeta:
-    """Term of the target entry and the configuration in force there (the last membership
-    entry at or below it, else the base snapshot's)."""
+    from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
+    parts = spark.range(len(docs), numPartitions=len(docs))
+    frame = parts.mapInArrow(decode_parts, DECODED).persist(StorageLevel.DISK_ONLY)
+    found = frame.filter(F.col("kind") == STATS).select("blob").collect()  # runs the stage
+    stats = sorted((PartStats.unpack(row[0]) for row in found), key=lambda s: s.part)
+    return _Decoded(frame, bounds, buckets, stats)
+
+
+@dataclass(frozen=True, slots=True)
+class _Decoded:
+    """The decode stage's output (rows of source.DECODED, cached) and how it was cut."""
+
+    frame: Any
+    bounds: list[bytes]  # the key ranges: range r holds bounds[r - 1] <= key < bounds[r]
+    buckets: int  # the buckets of clients
+    stats: list[PartStats]  # by part
+
+
+KEY_RANGES_PER_CORE = 2  # smaller ranges even out the work of the key stage's tasks
+SAMPLE_SEGMENTS = 4  # segments the driver reads to sample the keys the log writes
+
+
+def _key_bounds(ref: ArchiveRef, plan: RestorePlan, base: _Base, ranges: int) -> list[bytes]:
+    """Keys that cut the key stage's rows (the commands and the base entries) into `ranges`
+    ranges of about as many rows, from a sample: the keys of a few segments spread over the
+    plan (read here, on the driver) and the base snapshot's sample."""
+    segments = list(plan.segments)
+    picked = sorted({segments[n * (len(segments) - 1) // max(1, SAMPLE_SEGMENTS - 1)]
+                     for n in range(SAMPLE_SEGMENTS)}, key=lambda s: s.first) if segments else []
+    logged: list[bytes] = []
+    for segment in picked:
+        for entry in cluster_archive(ref).read_segment(segment):
+            if (entry.kind == EntryKind.NORMAL and plan.base_index < entry.index <= plan.index
+                    and (fields := decode_fields(entry.data)) is not None):
+                logged.append(fields[1])
+    entries = plan.index - plan.base_index
+    samples = [(key, entries / len(logged)) for key in logged]
+    if base.sample:
+        samples += [(key, base.keys / len(base.sample)) for key in base.sample]
+    samples.sort()
+    total = sum(weight for _, weight in samples)
+    bounds: list[bytes] = []
+    done = 0.0
+    for key, weight in samples:
+        if len(bounds) + 1 >= ranges:
+            break
+        if done >= total * (len(bounds) + 1) / ranges and (not bounds or key > bounds[-1]):
+            bounds.append(key)
+        done += weight
+    return bounds
+
+
+def _consecutive(segments: list[Any], count: int) -> list[list[Any]]:
+    """`segments` cut into at most `count` runs of consecutive segments, of about as many
+    entries each."""
+    total = sum(s.last - s.first + 1 for s in segments)
+    runs: list[list[Any]] = [[]]
+    done = 0
+    for segment in segments:
+        if runs[-1] and done >= total * len(runs) / count:
+            runs.append([])
+        runs[-1].append(segment)
+        done += segment.last - segment.first + 1
+    return [run for run in runs if run]
+
+
+def _meta_at(ops: _Decoded, plan: RestorePlan, base_meta: SnapshotMeta | None) -> SnapshotMeta:
+    """Term of the target entry and the configuration in force there (the last membership
+    entry at or below it, else the base snapshot's)."""
     index = plan.index
     if index == plan.base_index and base_meta is not None:
         return base_meta
-    found = ops.filter(F.col("index") == index).select("term", "ts_ms").collect()
+    stats = ops.stats
+    found = [s.target for s in stats if s.target is not None]
     if not found:
         raise PipelineError(f"entry {index} is missing from the archived segments")
-    change = (ops.filter(F.col("kind") == int(EntryKind.MEMBERSHIP))
-              .orderBy(F.col("index").desc()).select("data").limit(1).collect())
-    if change:
-        membership = Membership.decode(change[0]["data"])
+    changes = sorted(change for s in stats for change in s.memberships)
+    if changes:
+        membership = Membership.decode(changes[-1][1])
     elif base_meta is not None:
         membership = base_meta.membership
     else:
@@ -320,196 +443,308 @@ def _meta_at(ops: Any, plan: RestorePlan, base_meta: SnapshotMeta | None) -> Sna
         # the log or the archive. A restore takes its configuration from --initial-cluster and
         # reads only the payload, which is exact either way.
         membership = EMPTY_MEMBERSHIP
-    return SnapshotMeta(index, found[0]["term"], membership, found[0]["ts_ms"])
+    term, ts_ms = found[0]
+    return SnapshotMeta(index, term, membership, ts_ms)
 
 
-def _synthesize(spark: Any, ref: ArchiveRef, plan: RestorePlan, ops: Any, meta: SnapshotMeta,
-                base: _Base, work: Path) -> Path:
-    from pyspark.sql import Window
+def _synthesize(spark: Any, ref: ArchiveRef, plan: RestorePlan, ops: _Decoded,
+                meta: SnapshotMeta, base: _Base, work: Path) -> Path:
+    with _unchecked_shuffles(spark):
+        return _fold(spark, ref, plan, ops, meta, base, work)
+
+
+@contextmanager
+def _unchecked_shuffles(spark: Any) -> Iterator[None]:
+    """Spark 4.1 and later hash every shuffled row (an order-independent checksum) to notice
+    a retried task that writes other data than its first attempt. These stages shuffle blobs
+    that a retry rebuilds byte for byte (the decode of the same segments, the same folds), so
+    the check only costs: hashing the blobs took about a sixth of the JVM's CPU."""
+    key = "spark.sql.shuffle.orderIndependentChecksum.enabled"
+    before = spark.conf.get(key, None)
+    spark.conf.set(key, "false")
+    try:
+        yield
+    finally:
+        if before is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, before)
+
+
+def _fold(spark: Any, ref: ArchiveRef, plan: RestorePlan, ops: _Decoded, meta: SnapshotMeta,
+          base: _Base, work: Path) -> Path:
+    """The sessions stage, then the keys stage, then the payload. Spark moves the decode
+    stage's blobs to the task of their bucket or range; the tasks fold them."""
     from pyspark.sql import functions as F
 
-    commands = ops.filter(F.col("kind") == int(EntryKind.NORMAL))
-    decodable = commands.filter(F.col("op") != BAD)
+    sc = spark.sparkContext
+    decoded, bounds = ops.frame, ops.bounds
 
-    # The clock: per-segment maxima, a prefix over segments on the driver, then a running
-    # maximum within each segment.
-    maxima = sorted((r["seg"], r["m"]) for r in
-                    decodable.groupBy("seg").agg(F.max("ts").alias("m")).collect())
-    before, clock = {}, base.clock
-    for seg, most in maxima:
-        before[seg] = clock
-        clock = max(clock, most)
+    # The clock: each part's running maximum, and a prefix over the parts on the driver.
+    stats = ops.stats
+    starts: list[int] = []
+    clock = base.clock
+    for s in stats:
+        starts.extend([clock] * (s.part + 1 - len(starts)))
+        clock = max(clock, s.run)
     final_clock = clock
-    offsets = spark.createDataFrame(list(before.items()) or [(0, 0)], "seg long, start long")
-    running = Window.partitionBy("seg").orderBy("index").rowsBetween(
-        Window.unboundedPreceding, Window.currentRow)
-    clocked = (decodable.withColumn("run", F.max("ts").over(running))
-               .join(F.broadcast(offsets), "seg")
-               .withColumn("clock", F.greatest("run", "start")))
+    last_normal = max((s.last_normal for s in stats if s.last_normal is not None), default=None)
+    applied = base.applied_index if last_normal is None else last_normal
 
-    # Sessions, per client.
+    # Sessions, per client: the indexes answered from a session, and each session's sketch.
     ttl, window, base_sessions = base.ttl_ms, base.window, base.sessions
-    per_client = (clocked.filter(F.col("client").isNotNull())
-                  .select("client", "index", "seq", "clock")
-                  .repartition("client").sortWithinPartitions("client", "index"))
 
-    def fold_clients(batches: Iterator[Any]) -> Iterator[Any]:
+    def fold_sessions(batches: Iterator[Any]) -> Iterator[Any]:
+        import numpy as np
         import pyarrow as pa
 
-        schema = _arrow("index long, client binary, sketch binary")
+        schema = arrow_schema(SESSION_ROWS)
+        found = [from_blob(blob, schema) for batch in batches
+                 for blob in batch.column(1).to_pylist()]
+        if not found:
+            return
+        table = pa.Table.from_batches(found, schema).sort_by(
+            [("client", "ascending"), ("index", "ascending")])
+        before = np.array(starts or [0], dtype=np.int64)
+
+        def rows() -> Iterator[tuple[bytes, int, int, int]]:
+            for batch in table.to_batches(65536):
+                clocks = np.maximum(batch.column(3).to_numpy(),
+                                    before[batch.column(4).to_numpy()])
+                yield from zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(),
+                               batch.column(2).to_pylist(), clocks.tolist(), strict=True)
+
         pack = packer().pack
-        for client, rows in _runs(batches, "client", ("index", "seq", "clock")):
-            name = key_text(client)
-            fold = fold_client(name, base_sessions.get(name), rows, ttl, window)
-            skipped = [i for i, _, _ in rows if i not in fold.applied]
-            out = {"index": skipped, "client": [None] * len(skipped),
-                   "sketch": [None] * len(skipped)}
+        skipped: list[int] = []
+        clients: list[bytes] = []
+        sketches: list[bytes] = []
+        for name, fold in fold_clients(rows(), base_sessions, ttl, window):
+            skipped.extend(fold.skipped)
             if fold.session is not None:
                 s = fold.session
-                out["index"].append(None)
-                out["client"].append(client)
-                out["sketch"].append(pack((s.last_seq, s.last_active,
-                                           [[q, r] for q, r in s.recorded])))
-            yield pa.RecordBatch.from_pydict(out, schema=schema)
+                clients.append(key_bytes(name))
+                sketches.append(pack((s.last_seq, s.last_active, s.recorded)))
+        clients.append(b"")  # the skipped indexes, as int64s
+        sketches.append(np.array(skipped, dtype=np.int64).tobytes())
+        yield pa.RecordBatch.from_arrays([pa.array(clients, pa.binary()),
+                                          pa.array(sketches, pa.binary())],
+                                         names=["client", "blob"])
 
-    sessions_out = per_client.mapInArrow(fold_clients,
-                                         "index long, client binary, sketch binary").cache()
-    skipped = sessions_out.filter(F.col("index").isNotNull()).select("index")
+    per_client = _exactly(decoded.filter(F.col("kind") == SESSIONS).select("dest", "blob"),
+                          ops.buckets)
     sketches: dict[str, SessionSketch] = {}
-    for row in sessions_out.filter(F.col("index").isNull()).collect():
+    skipped_parts = []
+    for client, blob in per_client.mapInArrow(
+            lambda batches: paused_gc(fold_sessions(batches)),
+            "client binary, blob binary").collect():
+        if not client:
+            skipped_parts.append(blob)
+            continue
         last_seq, last_active, recorded = msgpack.unpackb(
-            row["sketch"], raw=False, unicode_errors="surrogatepass", strict_map_key=False)
-        name = key_text(row["client"])
+            blob, raw=False, unicode_errors="surrogatepass", strict_map_key=False)
+        name = key_text(client)
         sketches[name] = SessionSketch(name, last_seq, last_active,
                                        tuple((q, r) for q, r in recorded))
     wanted = frozenset(r for s in sketches.values() for _, r in s.recorded if isinstance(r, int))
+    skipped = sc.broadcast(b"".join(skipped_parts))
 
-    # Keys, per key: the effective commands and the base records of the keys they touch.
-    effective = (decodable.join(skipped, "index", "left_anti")
-                 .select("key", "index", "op", "value", "prev_index"))
-    base_keys = _base_keys(spark, ref, plan) if base.path is not None else None
-    if base_keys is not None:
-        touched = effective.select("key").distinct()
-        base_rows = (base_keys.join(touched, "key", "left_semi")
-                     .select("key", F.col("mod").alias("index"), F.lit(BASE).cast("byte")
-                             .alias("op"), "value", F.lit(None).cast("long").alias("prev_index")))
-        effective = effective.unionByName(base_rows)
-    per_key = effective.repartition("key").sortWithinPartitions("key", "index")
+    # Keys, per range of keys: the commands not answered from a session and every base
+    # entry. Range partitioning keeps the ranges in order: the partitions in order are the
+    # payload's.
+    per_key = decoded.filter(F.col("kind") == KEYS).select("dest", "blob")
+    if base.path is not None:
+        per_key = per_key.unionByName(
+            _base_keys(spark, ref, plan, base.keys, sc.defaultParallelism, bounds))
+    per_key = _exactly(per_key, len(bounds) + 1)
 
-    def fold_keys(batches: Iterator[Any]) -> Iterator[Any]:
+    def fold_ranges(batches: Iterator[Any]) -> Iterator[Any]:
+        import numpy as np
         import pyarrow as pa
+        import pyarrow.compute as pc
+        from pyspark import TaskContext
 
-        schema = _arrow("key binary, record binary, rindex long, result binary")
-        pack = packer().pack
-        for raw, rows in _runs(batches, "key", ("index", "op", "value", "prev_index")):
-            key = key_text(raw)
-            start = None
-            ops_of_key = []
-            for index, op, value, prev in rows:
-                if op == BASE:
-                    start = (key, value, index)
-                else:
-                    ops_of_key.append(Op(index, "put" if op == PUT else "delete"
-                                         if op == DELETE else None, key, value or b"", prev))
-            final, results = fold_key(key, start, ops_of_key, wanted)
-            out = {"key": [raw], "record": [None if final is None else pack(final)],
-                   "rindex": [None], "result": [None]}
-            for i, result in results.items():
-                for col, val in (("key", None), ("record", None), ("rindex", i),
-                                 ("result", pack(result))):
-                    out[col].append(val)
-            yield pa.RecordBatch.from_pydict(out, schema=schema)
-
-    folded = per_key.mapInArrow(fold_keys,
-                                "key binary, record binary, rindex long, result binary").cache()
-    results = {r["rindex"]: msgpack.unpackb(r["result"], raw=False, strict_map_key=False)
-               for r in folded.filter(F.col("rindex").isNotNull()).collect()}
-    records = folded.filter(F.col("record").isNotNull()).select("key", "record")
-    if base_keys is not None:
-        untouched = (base_keys.join(folded.filter(F.col("key").isNotNull()).select("key"),
-                                    "key", "left_anti")
-                     .select("key", "record"))
-        records = records.unionByName(untouched)
-
-    def pack_runs(batches: Iterator[Any]) -> Iterator[Any]:
-        import pyarrow as pa
-
+        schema = arrow_schema(KEY_ROWS)
+        out = arrow_schema(_FOLDED)
+        by_range: dict[int, list[Any]] = {}
         for batch in batches:
-            column = batch.column(1).to_pylist()
-            yield pa.RecordBatch.from_pydict({"run": [b"".join(column)], "n": [len(column)]},
-                                             schema=_arrow("run binary, n long"))
+            for dest, blob in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(),
+                                  strict=True):
+                batch = from_blob(blob, schema)
+                by_range.setdefault(dest, []).append((batch.column(1)[0].as_py(), batch))
+        partition = TaskContext.get().partitionId()
+        if any(dest != partition for dest in by_range):  # the payload's order depends on it
+            raise RuntimeError(f"Spark put key ranges {sorted(by_range)} in partition "
+                               f"{partition}: the payload would be out of order")
+        gone = pa.array(np.frombuffer(skipped.value, dtype=np.int64))
+        pack = packer().pack
+        for dest in sorted(by_range):
+            # Each blob holds ascending indexes, and blobs hold disjoint ranges of them (a base
+            # entry's mod index is below every command's): in order of their first index,
+            # the rows are in index order, and a stable sort by key alone puts them in
+            # (key, index) order.
+            found = sorted(by_range.pop(dest), key=lambda pair: pair[0])
+            table = pa.Table.from_batches([batch for _, batch in found], schema)
+            if len(gone):
+                table = table.filter(pc.invert(pc.is_in(table["index"], value_set=gone)))
+            # Arrow's sort is stable and orders binary as unsigned bytes: the code-point
+            # order of UTF-8 keys.
+            table = table.take(pc.sort_indices(table["key"]))
 
-    runs = records.orderBy("key").mapInArrow(pack_runs, "run binary, n long").cache()
-    key_count = runs.agg(F.sum("n")).collect()[0][0] or 0
+            def rows(table: Any = table) -> Iterator[tuple[Any, ...]]:
+                for batch in table.to_batches(65536):
+                    yield from zip(*(column.to_pylist() for column in batch.columns),
+                                   strict=True)
 
-    sessions = [finish_session(s, results) for s in sketches.values()]
-    sessions += [s for c, s in base_sessions.items() if c not in sketches]
-    normal = commands.agg(F.max("index")).collect()[0][0]
-    applied = base.applied_index if normal is None else normal
-    store = SnapshotStore(work / "out")
+            results: dict[int, dict[str, Any]] = {}
+            run: list[bytes] = []
+            for record in fold_keys(rows(), wanted, results):
+                run.append(record)
+                if len(run) == 65536:
+                    yield _folded_batch(out, dest, run, {})
+                    run = []
+            yield _folded_batch(out, dest, run, {i: pack(r) for i, r in results.items()})
 
-    def write(stream: Any) -> None:
-        assemble_payload(stream, applied_index=applied, clock=final_clock, ttl_ms=ttl,
-                         window=window, key_count=key_count,
-                         key_records=(row["run"] for row in runs.toLocalIterator()),
-                         sessions=sessions)
+    folded = per_key.mapInArrow(lambda batches: paused_gc(fold_ranges(batches)),
+                                _FOLDED).cache()
+    try:
+        results: dict[int, dict[str, Any]] = {}
+        key_count = 0
+        for n, index, result in folded.select("n", "rindex", "result").collect():
+            if index is None:
+                key_count += n
+            else:
+                results[index] = msgpack.unpackb(result, raw=False, strict_map_key=False)
+        sessions = [finish_session(s, results) for s in sketches.values()]
+        sessions += [s for c, s in base_sessions.items() if c not in sketches]
+        runs = folded.filter(F.col("run").isNotNull()).select("run")
 
-    return store.save(meta, KVStateMachine.kind, write)
+        def write(stream: Any) -> None:
+            assemble_payload(stream, applied_index=applied, clock=final_clock, ttl_ms=ttl,
+                             window=window, key_count=key_count,
+                             key_records=(row[0] for row in
+                                          runs.toLocalIterator(prefetchPartitions=True)),
+                             sessions=sessions)
+
+        return SnapshotStore(work / "out").save(meta, KVStateMachine.kind, write)
+    finally:
+        folded.unpersist()
+        decoded.unpersist()  # the last stage to read it
+        skipped.unpersist()
 
 
-def _base_keys(spark: Any, ref: ArchiveRef, plan: RestorePlan) -> Any:
-    """The base snapshot's key records, read (and verified) by one task."""
+_FOLDED = "run binary, n long, rindex long, result binary"
+
+
+def _exactly(frame: Any, count: int) -> Any:
+    """`frame` (with a `dest` column, 0 <= dest < count) in `count` partitions, the rows of
+    destination d in partition d: one shuffle, and no job to sample the data as range
+    partitioning would run. Spark puts a row of `repartition(count, c)` in partition
+    pmod(hash(c), count), `hash` being its Murmur3 (the SQL function, which bucketed tables
+    depend on, so it stays put); each destination travels as a label that hashes to it. The
+    key stage's tasks check where their ranges landed."""
+    from pyspark.sql import functions as F
+
+    labels = F.array(*(F.lit(label) for label in _labels(count)))
+    return frame.repartition(count, F.element_at(labels, F.col("dest") + 1))
+
+
+def _labels(count: int) -> list[int]:
+    """For each partition of `count`, the smallest int that Spark's hash sends there."""
+    found: dict[int, int] = {}
+    label = 0
+    while len(found) < count:
+        found.setdefault(spark_hash_int(label) % count, label)
+        label += 1
+    return [found[p] for p in range(count)]
+
+
+def spark_hash_int(value: int, seed: int = 42) -> int:
+    """Spark's `hash` of one int column: Murmur3 x86 32-bit of its 4 bytes (tested against
+    Spark in tests/pipeline/test_snapshot_at.py)."""
+
+    def rotl(x: int, r: int) -> int:
+        return ((x << r) | (x >> (32 - r))) & 0xFFFFFFFF
+
+    k1 = rotl((value & 0xFFFFFFFF) * 0xCC9E2D51 & 0xFFFFFFFF, 15) * 0x1B873593 & 0xFFFFFFFF
+    h1 = (rotl(seed ^ k1, 13) * 5 + 0xE6546B64) & 0xFFFFFFFF
+    h1 ^= 4
+    h1 = (h1 ^ (h1 >> 16)) * 0x85EBCA6B & 0xFFFFFFFF
+    h1 = (h1 ^ (h1 >> 13)) * 0xC2B2AE35 & 0xFFFFFFFF
+    h1 ^= h1 >> 16
+    return h1 - (1 << 32) if h1 >= 1 << 31 else h1
+
+
+def _folded_batch(schema: Any, dest: int, run: list[bytes], results: dict[int, bytes]) -> Any:
+    """One run of packed key records, then the results the sessions record."""
+    import pyarrow as pa
+
+    count = len(results)
+    return pa.RecordBatch.from_arrays(
+        [pa.array([b"".join(run), *[None] * count], pa.binary()),
+         pa.array([len(run), *[None] * count], pa.int64()),
+         pa.array([None, *results], pa.int64()),
+         pa.array([None, *results.values()], pa.binary())], schema=schema)
+
+
+def _base_keys(spark: Any, ref: ArchiveRef, plan: RestorePlan, count: int, parts: int,
+               bounds: list[bytes]) -> Any:
+    """The base snapshot's key records as blobs of KEY_ROWS (index: the key's mod index) for
+    their key ranges, read by `parts` tasks: each verifies the whole object and decodes its
+    share, which is in key order, so it is cut at the bounds without a sort."""
     snap = plan.snapshot
     assert snap is not None
     doc = json.dumps(snap.to_json())
+    shares = [count * n // parts for n in range(parts + 1)]
 
     def read(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
-        from .source import cluster_archive, key_bytes
+        d = json.loads(doc)
+        record = SnapshotRecord(d["index"], d["term"], d["key"], d["bytes"], d["sha256"])
+        schema = arrow_schema(KEY_ROWS)
+
+        def blobs(keys: list[bytes], values: list[bytes], mods: list[int]) -> Any:
+            dests, out = [], []
+            start = 0
+            for dest in range(bisect_right(bounds, keys[0]), len(bounds) + 1):
+                end = len(keys) if dest == len(bounds) else bisect_left(keys, bounds[dest])
+                if end > start:
+                    dests.append(dest)
+                    out.append(to_blob(pa.RecordBatch.from_arrays(
+                        [pa.array(keys[start:end], pa.binary()),
+                         pa.array(mods[start:end], pa.int64()),
+                         pa.array([OP_BASE] * (end - start), pa.int8()),
+                         pa.array(values[start:end], pa.binary()),
+                         pa.nulls(end - start, pa.int64())], schema=schema)))
+                start = end
+                if start == len(keys):
+                    break
+            return pa.RecordBatch.from_arrays([pa.array(dests, pa.int32()),
+                                               pa.array(out, pa.binary())],
+                                              names=["dest", "blob"])
 
         for batch in batches:
-            for text in batch.column(0).to_pylist():
-                d = json.loads(text)
-                record = SnapshotRecord(d["index"], d["term"], d["key"], d["bytes"],
-                                        d["sha256"])
+            for part in batch.column(0).to_pylist():
+                low, high = shares[part], shares[part + 1]
+                if low == high:
+                    continue
                 with tempfile.TemporaryDirectory() as tmp:
                     path = Path(tmp) / "base.snap"
                     cluster_archive(ref).download_snapshot(record, path)
-                    sm = KVStateMachine()
                     with PayloadReader(path) as payload:
-                        sm.restore(payload)
-                pack = packer().pack
-                schema = _arrow("key binary, value binary, mod long, record binary")
-                cols: dict[str, list[Any]] = {"key": [], "value": [], "mod": [], "record": []}
-                for entry in sm.records():
-                    cols["key"].append(key_bytes(entry[0]))
-                    cols["value"].append(entry[1])
-                    cols["mod"].append(entry[2])
-                    cols["record"].append(pack(entry))
-                    if len(cols["key"]) == 65536:
-                        yield pa.RecordBatch.from_pydict(cols, schema=schema)
-                        cols = {name: [] for name in cols}
-                yield pa.RecordBatch.from_pydict(cols, schema=schema)
+                        unpacker = msgpack.Unpacker(payload, raw=False, use_list=False,
+                                                    unicode_errors="surrogatepass")
+                        next(unpacker)
+                        for _ in range(low):
+                            unpacker.skip()
+                        for start in range(low, high, FLUSH_ENTRIES):
+                            keys, values, mods = [], [], []
+                            for key, value, mod in islice(unpacker,
+                                                          min(FLUSH_ENTRIES, high - start)):
+                                keys.append(key_bytes(key))
+                                values.append(value)
+                                mods.append(mod)
+                            yield blobs(keys, values, mods)
 
-    frame = spark.createDataFrame([(doc,)], "snapshot string")
-    return frame.mapInArrow(read, "key binary, value binary, mod long, record binary").cache()
-
-
-def _runs(batches: Iterator[Any], by: str, columns: tuple[str, ...]
-          ) -> Iterator[tuple[bytes, list[tuple[Any, ...]]]]:
-    """Consecutive rows with the same `by` value (the partition is sorted by it), across batch
-    boundaries: (value, [row tuples of `columns`])."""
-    current: bytes | None = None
-    rows: list[tuple[Any, ...]] = []
-    for batch in batches:
-        keys = batch.column(batch.schema.get_field_index(by)).to_pylist()
-        cols = [batch.column(batch.schema.get_field_index(c)).to_pylist() for c in columns]
-        for n, key in enumerate(keys):
-            if key != current:
-                if current is not None:
-                    yield current, rows
-                current, rows = key, []
-            rows.append(tuple(col[n] for col in cols))
-    if current is not None:
-        yield current, rows
+    frame = spark.range(parts, numPartitions=parts)
+    return frame.mapInArrow(lambda batches: paused_gc(read(batches)), "dest int, blob binary")

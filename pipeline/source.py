@@ -10,27 +10,74 @@ unverified enters Spark.
 
 from __future__ import annotations
 
+import gc
+import zlib
+from bisect import bisect_right
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import msgpack
 from flotilla.node.archive import ClusterArchive, open_archive
 from flotilla.node.archive.manifest import SegmentRecord
 from flotilla.node.consensus import EntryKind
 
-from .kvfold import decode
+from .kvfold import OP_DELETE, OP_PUT, decode_fields, key_bytes, key_text
 
-__all__ = ["OPS_SCHEMA", "ArchiveRef", "decode_segments", "key_bytes", "key_text"]
+__all__ = ["DECODED", "KEYS", "KEY_ROWS", "SESSIONS", "SESSION_ROWS", "STATS", "ArchiveRef",
+           "PartStats", "arrow_schema", "decode_segments", "from_blob", "key_bytes", "key_text",
+           "paused_gc", "to_blob"]
 
-PUT, DELETE, BAD = 0, 1, -1
+PUT, DELETE, BAD = OP_PUT, OP_DELETE, -1
 
-# One row per entry: kind is the entry kind; op/key/... only for normal entries (op BAD for a
-# command that does not decode); data only for membership entries. seg is the first index of
-# the segment the entry came from (the unit of the clock's prefix). ts_ms is the entry's own
-# time (its leader's clock at append; 0 when unknown), ts the key-value command's.
-OPS_SCHEMA = ("index long, term long, ts_ms long, kind byte, op byte, key binary, "
-              "value binary, prev_index long, client binary, seq long, ts long, seg long, "
-              "data binary")
+# The decode stage hands Spark a few large rows, not one per entry: each is a `kind` of blob
+# for a destination `dest`. Spark only caches and moves them (its row machinery costs more
+# than the fold itself when every entry is a row); the work on entries stays in Python, on
+# Arrow batches, in the task that owns them.
+DECODED = "kind byte, dest int, blob binary"
+STATS = 0  # dest: the part; blob: msgpack of the part's `PartStats`
+SESSIONS = 1  # dest: a bucket of clients; blob: an Arrow batch of SESSION_ROWS
+KEYS = 2  # dest: a range of keys; blob: an Arrow batch of KEY_ROWS
+# A command with a client id: its clock is max(run, the clock before its part), where run is
+# the running maximum of the commands' `ts` over the part's decodable commands so far.
+SESSION_ROWS = "client binary, index long, seq long, run long, part int"
+# What the key stage folds: a command (op OP_PUT or OP_DELETE) or a base entry (OP_BASE,
+# index: its mod index).
+KEY_ROWS = "key binary, index long, op byte, value binary, prev_index long"
+FLUSH_ENTRIES = 20_000  # a part's rows are handed over at least this often
+
+
+@dataclass(frozen=True, slots=True)
+class PartStats:
+    """What the driver needs from a part: the running maximum at its end (-1: no decodable
+    command), its last normal entry, the term and time of the target if the part holds it,
+    and its configuration entries."""
+
+    part: int
+    run: int
+    last_normal: int | None
+    target: tuple[int, int] | None  # (term, ts_ms)
+    memberships: tuple[tuple[int, bytes], ...]  # (index, encoded Membership)
+
+    def pack(self) -> bytes:
+        return msgpack.packb([self.part, self.run, self.last_normal, self.target,
+                              self.memberships])
+
+    @classmethod
+    def unpack(cls, data: bytes) -> PartStats:
+        part, run, last_normal, target, memberships = msgpack.unpackb(data)
+        return cls(part, run, last_normal, None if target is None else tuple(target),
+                   tuple((i, d) for i, d in memberships))
+
+
+def to_blob(batch: Any) -> bytes:
+    return batch.serialize().to_pybytes()
+
+
+def from_blob(blob: bytes, schema: Any) -> Any:
+    import pyarrow as pa
+
+    return pa.ipc.read_record_batch(pa.py_buffer(blob), schema)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,46 +102,114 @@ def cluster_archive(ref: ArchiveRef) -> ClusterArchive:
     return found
 
 
-def key_bytes(key: str) -> bytes:
-    """Keys and client ids as Spark carries them: UTF-8 bytes, lone surrogates kept. Binary
-    order of UTF-8 is the code-point order the machine sorts keys by."""
-    return key.encode("utf-8", "surrogatepass")
-
-
-def key_text(raw: bytes) -> str:
-    return raw.decode("utf-8", "surrogatepass")
+def paused_gc(batches: Iterator[Any]) -> Iterator[Any]:
+    """`batches` with the cyclic collector paused while each is made: a task makes millions
+    of short-lived objects that hold no cycles, and the collector's passes over them cost more
+    than the work (as `KVStateMachine.restore` found)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield from batches
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def decode_segments(ref: ArchiveRef, upto: int, segments: Sequence[SegmentRecord],
-                    above: int = 0) -> Iterator[dict[str, list[Any]]]:
-    """The entries above index `above` and up to `upto` of `segments`, as column batches of
-    OPS_SCHEMA (one batch per segment)."""
+                    above: int = 0, part: int = 0, buckets: int = 1,
+                    bounds: Sequence[bytes] = ()) -> Iterator[Any]:
+    """The entries above index `above` and up to `upto` of `segments` (consecutive, possibly
+    overlapping: an index is taken once), decoded, as Arrow batches of DECODED: session rows
+    in `buckets` buckets of clients, key rows in the ranges `bounds` cut (range r holds the
+    keys k with bounds[r - 1] <= k < bounds[r]), and last the part's stats."""
+    import pyarrow as pa
+
+    session_schema, key_schema = arrow_schema(SESSION_ROWS), arrow_schema(KEY_ROWS)
+    decoded = arrow_schema(DECODED)
     archive = cluster_archive(ref)
+    normal, membership = int(EntryKind.NORMAL), int(EntryKind.MEMBERSHIP)
+    last, run = above, -1
+    last_normal: int | None = None
+    target: tuple[int, int] | None = None
+    memberships: list[tuple[int, bytes]] = []
+    ranges: list[list[list[Any]]] = [[[] for _ in range(5)] for _ in range(len(bounds) + 1)]
+    sessions: list[list[list[Any]]] = [[[] for _ in range(4)] for _ in range(buckets)]
+    parts = [part]
+
+    def flush() -> Any:
+        kinds, dests, blobs = [], [], []
+        for kind, schema, groups in ((KEYS, key_schema, ranges),
+                                     (SESSIONS, session_schema, sessions)):
+            for dest, columns in enumerate(groups):
+                if not columns[0]:
+                    continue
+                arrays = [pa.array(c, type=f.type) for c, f in zip(columns, schema,
+                                                                   strict=False)]
+                if kind == SESSIONS:
+                    arrays.append(pa.array(parts * len(columns[0]), pa.int32()))
+                kinds.append(kind)
+                dests.append(dest)
+                blobs.append(to_blob(pa.RecordBatch.from_arrays(arrays, schema=schema)))
+                for column in columns:
+                    column.clear()
+        return pa.RecordBatch.from_arrays(
+            [pa.array(kinds, pa.int8()), pa.array(dests, pa.int32()),
+             pa.array(blobs, pa.binary())], schema=decoded)
+
+    pending = 0
     for record in segments:
-        cols: dict[str, list[Any]] = {name: [] for name in _COLUMNS}
+        if record.last <= last:
+            continue
         for entry in archive.read_segment(record):
-            if entry.index <= above or entry.index > upto:
+            i = entry.index
+            if i <= last:
                 continue
-            cols["index"].append(entry.index)
-            cols["term"].append(entry.term)
-            cols["ts_ms"].append(entry.ts_ms)
-            cols["kind"].append(entry.kind)
-            cols["seg"].append(record.first)
-            if entry.kind == EntryKind.NORMAL:
-                op = decode(entry.index, entry.data)
-                cols["op"].append(BAD if op.op is None else PUT if op.op == "put" else DELETE)
-                cols["key"].append(None if op.op is None else key_bytes(op.key))
-                cols["value"].append(None if op.op is None else op.value)
-                cols["prev_index"].append(op.prev_index)
-                cols["client"].append(None if op.client is None else key_bytes(op.client))
-                cols["seq"].append(op.seq)
-                cols["ts"].append(None if op.op is None else op.ts)
-                cols["data"].append(None)
-            else:
-                for name in ("op", "key", "value", "prev_index", "client", "seq", "ts"):
-                    cols[name].append(None)
-                cols["data"].append(entry.data if entry.kind == EntryKind.MEMBERSHIP else None)
-        yield cols
+            if i > upto:
+                break
+            last = i
+            if i == upto:
+                target = (entry.term, entry.ts_ms)
+            if entry.kind != normal:
+                if entry.kind == membership:
+                    memberships.append((i, entry.data))
+                continue
+            last_normal = i
+            fields = decode_fields(entry.data)
+            if fields is None:
+                continue
+            code, key, value, prev, client, seq, ts = fields
+            columns = ranges[bisect_right(bounds, key)]
+            columns[0].append(key)
+            columns[1].append(i)
+            columns[2].append(code)
+            columns[3].append(value)
+            columns[4].append(prev)
+            if ts > run:
+                run = ts
+            if client is not None:
+                columns = sessions[zlib.crc32(client) % buckets]  # stable across processes
+                columns[0].append(client)
+                columns[1].append(i)
+                columns[2].append(seq)
+                columns[3].append(run)
+        pending += record.last - record.first + 1
+        if pending >= FLUSH_ENTRIES:
+            yield flush()
+            pending = 0
+        if last >= upto:
+            break
+    yield flush()
+    stats = PartStats(part, run, last_normal, target, tuple(memberships))
+    yield pa.RecordBatch.from_arrays(
+        [pa.array([STATS], pa.int8()), pa.array([part], pa.int32()),
+         pa.array([stats.pack()], pa.binary())], schema=decoded)
 
 
-_COLUMNS = [part.split()[0] for part in OPS_SCHEMA.split(", ")]
+def arrow_schema(ddl: str) -> Any:
+    """The Arrow schema of a Spark DDL string of the types the pipeline uses."""
+    import pyarrow as pa
+
+    types = {"long": pa.int64(), "int": pa.int32(), "byte": pa.int8(), "binary": pa.binary(),
+             "string": pa.string()}
+    return pa.schema([(name, types[kind]) for name, kind in
+                      (part.split() for part in ddl.split(", "))])

@@ -12,8 +12,14 @@ from __future__ import annotations
 
 import io
 
-from flotilla.node.statemachine.kv import KVStateMachine, encode_delete, encode_put
-from flotilla.pipeline.kvfold import BaseState, synthesize
+from flotilla.node.statemachine.kv import (
+    KVStateMachine,
+    decode_command,
+    encode_delete,
+    encode_put,
+    packer,
+)
+from flotilla.pipeline.kvfold import OP_DELETE, OP_PUT, BaseState, decode_fields, synthesize
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -105,3 +111,51 @@ def test_a_session_expires_when_another_client_moves_the_clock():
                (2, encode_put("j", b"x", ts=10 + TTL_MS + 1, client="c2", seq=1)),
                (3, encode_put("k", b"again", ts=11, client="c1", seq=1))]  # applied again
     assert folded(entries, None) == replayed(entries, None)
+
+
+SCALARS = st.one_of(
+    st.none(), st.booleans(), st.integers(-3, 3), st.integers(-2**63, 2**64 - 1),
+    st.floats(allow_nan=False),
+    st.sampled_from(["put", "delete", "", "k", "c1", "x\udfff", "put "]),
+    st.text(max_size=5), st.binary(max_size=5), st.sampled_from([b"put", b"", b"v"]))
+VALUES = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=3)
+                      | st.dictionaries(st.text(max_size=3), inner, max_size=2), max_leaves=6)
+
+# Per field of [version, op, key, value, prev_index, client, seq, ts]: values one rule away.
+NEAR_MISSES = [[0, 2, True, 1.0, "1"], ["put", "delete", "PUT", b"put", 1, None],
+               ["", "k", b"k", 1, None, "x\udfff"], [b"", b"v", "v", None, 1],
+               [None, 0, 5, -1, True, 1.5, "3"], [None, "c1", "", b"c1", 1],
+               [None, 1, 0, -1, True, 2.0], [0, 5, -1, True, 1.5, None, 2**64 - 1]]
+
+
+@st.composite
+def packed_commands(draw) -> bytes:
+    """Mostly well-formed commands with a field or two off, and some arbitrary bytes."""
+    if draw(st.integers(0, 9)) == 0:
+        return draw(st.binary(max_size=30))
+    fields = [1, draw(st.sampled_from(["put", "delete"])), "k", b"", None, None, None, 5]
+    if fields[1] == "put":
+        fields[3] = b"v"
+    if draw(st.booleans()):
+        fields[5:7] = ["c1", draw(st.integers(1, 9))]
+    for _ in range(draw(st.integers(0, 2))):
+        at = draw(st.integers(0, 7))
+        fields[at] = draw(st.one_of(st.sampled_from(NEAR_MISSES[at]), SCALARS, VALUES))
+    if draw(st.integers(0, 9)) == 0:
+        fields = fields[:draw(st.integers(0, 9))]
+    data = packer().pack(fields)
+    return data + (b"\x00" if draw(st.integers(0, 19)) == 0 else b"")
+
+
+@settings(max_examples=2000, deadline=None)
+@given(data=packed_commands())
+def test_the_fold_decodes_exactly_what_the_machine_accepts(data):
+    try:
+        c = decode_command(data)
+    except ValueError:
+        assert decode_fields(data) is None
+    else:
+        client = None if c.client is None else c.client.encode("utf-8", "surrogatepass")
+        assert decode_fields(data) == ((OP_PUT if c.op == "put" else OP_DELETE),
+                                       c.key.encode("utf-8", "surrogatepass"), c.value,
+                                       c.prev_index, client, c.seq, c.ts)
