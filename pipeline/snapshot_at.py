@@ -599,7 +599,7 @@ def _fold(spark: Any, ref: ArchiveRef, plan: RestorePlan, ops: _Decoded, meta: S
             run: list[bytes] = []
             for record in fold_keys(rows(), wanted, results):
                 run.append(record)
-                if len(run) == 65536:
+                if len(run) == FLUSH_ENTRIES:
                     yield _folded_batch(out, dest, run, {})
                     run = []
             yield _folded_batch(out, dest, run, {i: pack(r) for i, r in results.items()})

@@ -44,7 +44,9 @@ SESSION_ROWS = "client binary, index long, seq long, run long, part int"
 # What the key stage folds: a command (op OP_PUT or OP_DELETE) or a base entry (OP_BASE,
 # index: its mod index).
 KEY_ROWS = "key binary, index long, op byte, value binary, prev_index long"
-FLUSH_ENTRIES = 20_000  # a part's rows are handed over at least this often
+# Rows per blob at most: the JVM keeps a blob in one array, and arrays above half a region of
+# its garbage collector (512 KB in a 1 GB heap) are allocated apart and trigger collections.
+FLUSH_ENTRIES = 2048
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,10 +194,10 @@ def decode_segments(ref: ArchiveRef, upto: int, segments: Sequence[SegmentRecord
                 columns[1].append(i)
                 columns[2].append(seq)
                 columns[3].append(run)
-        pending += record.last - record.first + 1
-        if pending >= FLUSH_ENTRIES:
-            yield flush()
-            pending = 0
+            pending += 1
+            if pending == FLUSH_ENTRIES:
+                yield flush()
+                pending = 0
         if last >= upto:
             break
     yield flush()
