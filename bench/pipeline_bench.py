@@ -262,6 +262,7 @@ class Run:
     engine: str
     seconds: float = 0.0
     startup: float | None = None  # Spark: session + warm-up
+    cpu: float | None = None  # CPU seconds of every process, over `seconds`
     parts: dict[str, float] = field(default_factory=dict)  # named parts of `seconds`
     sha256: str = ""
     payload_bytes: int = 0
@@ -312,9 +313,13 @@ def run_replay(url: str, w: Workload, s3: dict[str, str | None], work: Path) -> 
     logger.setLevel(logging.INFO)
     restore.mark(datadir.path, cfg)
     try:
-        began = time.perf_counter()
-        restore.restore(cfg, datadir.path, snapshots, storage, membership)
-        seconds = time.perf_counter() - began
+        began, cpu = time.perf_counter(), time.process_time()
+        source = restore.open_source(cfg)  # the plan, from the manifest
+        try:
+            restore.restore(source, datadir.path, snapshots, storage, membership)
+        finally:
+            source.close()
+        seconds, cpu = time.perf_counter() - began, time.process_time() - cpu
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)
@@ -323,7 +328,7 @@ def run_replay(url: str, w: Workload, s3: dict[str, str | None], work: Path) -> 
     assert latest is not None
     digest, size = _payload_digest(latest.path)
     fetch = marks[0] - began if marks else 0.0
-    return Run(w.entries, "replay", seconds,
+    return Run(w.entries, "replay", seconds, cpu=cpu,
                parts={"fetch+verify": fetch, "restore+apply+write": seconds - fetch},
                sha256=digest, payload_bytes=size)
 
@@ -343,11 +348,20 @@ def _warm_up(spark: Any, url: str, s3: dict[str, str | None]) -> None:
         remove_cluster(url, target, s3)
 
 
-def _stages(spark: Any) -> list[tuple[float, float, int]]:
-    """(submitted, completed, tasks) of every completed stage, in seconds of the epoch, from
-    Spark's status store (kept whether or not the UI runs)."""
+def _stages(spark: Any) -> list[tuple[float, float, str]]:
+    """(submitted, completed, stage of snapshot-at) of every completed Spark stage, in
+    seconds of the epoch, from Spark's status store (kept whether or not the UI runs): the
+    pipeline describes its jobs by its stage ("snapshot-at: keys")."""
     jvm = spark.sparkContext._jvm
     store = spark.sparkContext._jsc.sc().statusStore()
+    described = {}
+    jobs = store.jobsList(None)
+    for n in range(jobs.size()):
+        job = jobs.apply(n)
+        what = job.description().getOrElse(None) or job.name()
+        ids = job.stageIds()
+        for m in range(ids.size()):
+            described[ids.apply(m)] = str(what).removeprefix("snapshot-at: ")
     quantiles = spark.sparkContext._gateway.new_array(jvm.double, 0)
     stages = store.stageList(None, False, False, quantiles, jvm.java.util.ArrayList())
     out = []
@@ -358,8 +372,37 @@ def _stages(spark: Any) -> list[tuple[float, float, int]]:
         if s.submissionTime().isEmpty() or s.completionTime().isEmpty():
             continue
         out.append((s.submissionTime().get().getTime() / 1000,
-                    s.completionTime().get().getTime() / 1000, s.numTasks()))
+                    s.completionTime().get().getTime() / 1000,
+                    described.get(s.stageId(), "other")))
     return out
+
+
+def _cpu_seconds() -> float:
+    """CPU time of this process and everything under it (the JVM, Spark's Python workers),
+    dead children included."""
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(entry)] = int(fields[1])
+        times[int(entry)] = sum(int(x) for x in fields[11:15]) / tick  # with reaped children
+    mine, todo = set(), [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        mine.add(pid)
+        todo.extend(child for child, parent in parents.items() if parent == pid)
+    return sum(times.get(pid, 0.0) for pid in mine)
+
+
+STAGES = ("decode", "sessions", "keys", "payload")  # snapshot-at's, in order
+PARALLEL = ("decode", "sessions", "keys")  # those whose tasks are spread over the cores
 
 
 def _covered(spans: list[tuple[float, float]]) -> float:
@@ -389,13 +432,15 @@ def spark_child(master: str, url: str, w: Workload, s3: dict[str, str | None],
             run.parts["session"] = session
             ref = ArchiveRef(url, w.cluster_id, s3["endpoint"], s3["region"])
             wall_began = time.time()
+            cpu = _cpu_seconds()
             began = time.perf_counter()
             snapshot_at(spark, ref, w.target, to_cluster_id=to_cluster_id)
             run.seconds = time.perf_counter() - began
+            run.cpu = _cpu_seconds() - cpu
             stages = [s for s in _stages(spark) if s[0] >= wall_began]
-            busy = _covered([(a, b) for a, b, _ in stages])
-            run.parts["stages"] = busy
-            run.parts["driver"] = run.seconds - busy
+            for name in STAGES:
+                run.parts[name] = _covered([(a, b) for a, b, what in stages if what == name])
+            run.parts["driver"] = run.seconds - _covered([(a, b) for a, b, _ in stages])
         finally:
             spark.stop()
     except Exception as exc:  # reported in the table, not a traceback from a child
@@ -451,14 +496,15 @@ def _size(n: int) -> str:
 
 
 def render(runs: list[Run]) -> str:
-    head = ["entries", "engine", "start-up s", "seconds", "entries/s", "vs replay",
-            "stages s", "driver s", "identical"]
+    head = ["entries", "engine", "start-up s", "seconds", "entries/s", "vs replay", "cores",
+            *(f"{name} s" for name in STAGES), "driver s", "identical"]
     rows = [head]
     replay = {r.entries: r for r in runs if r.engine == "replay" and not r.error}
     for r in runs:
         base = replay.get(r.entries)
         if r.error:
-            rows.append([_size(r.entries), r.engine, "", "FAILED", r.error, "", "", "", ""])
+            rows.append([_size(r.entries), r.engine, "", "FAILED", r.error,
+                         *[""] * (len(head) - 5)])
             continue
         same = ("oracle" if r.engine == "replay" else "n/a" if base is None
                 else "yes" if r.sha256 == base.sha256 else "NO")
@@ -466,8 +512,9 @@ def render(runs: list[Run]) -> str:
         rows.append([_size(r.entries), r.engine,
                      "" if r.startup is None else f"{r.startup:.1f}", f"{r.seconds:.1f}",
                      f"{r.entries / r.seconds:,.0f}", ratio,
+                     "" if r.cpu is None else f"{r.cpu / r.seconds:.2f}",
                      *(f"{r.parts[p]:.1f}" if p in r.parts else ""
-                       for p in ("stages", "driver")),
+                       for p in (*STAGES, "driver")),
                      same])
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = []
@@ -482,15 +529,19 @@ def render(runs: list[Run]) -> str:
 
 
 def scaling(runs: list[Run]) -> list[str]:
-    """local[2] against local[1], per size: the whole job and its parallel stages."""
+    """local[2] against local[1], per size: the whole job, the parallel stages, each stage."""
     out = []
     by = {(r.entries, r.engine): r for r in runs if not r.error}
     for n in sorted({r.entries for r in runs}):
         one, two = by.get((n, "local[1]")), by.get((n, "local[2]"))
-        if one and two and two.parts.get("stages"):
-            out.append(f"{_size(n)}: local[2] is {one.seconds / two.seconds:.2f}x local[1] "
-                       f"over the job, {one.parts['stages'] / two.parts['stages']:.2f}x "
-                       "over its Spark stages")
+        if not (one and two):
+            continue
+        parallel = [sum(r.parts[p] for p in PARALLEL) for r in (one, two)]
+        each = ", ".join(f"{p} {one.parts[p] / two.parts[p]:.2f}x" for p in PARALLEL
+                         if two.parts[p] > 0)
+        out.append(f"{_size(n)}: local[2] is {one.seconds / two.seconds:.2f}x local[1] over "
+                   f"the job, {parallel[0] / parallel[1]:.2f}x on the parallel stages "
+                   f"({each})")
     return out
 
 

@@ -360,7 +360,8 @@ def _ops(spark: Any, ref: ArchiveRef, plan: RestorePlan, tasks: int | None,
 
     parts = spark.range(len(docs), numPartitions=len(docs))
     frame = parts.mapInArrow(decode_parts, DECODED).persist(StorageLevel.DISK_ONLY)
-    found = frame.filter(F.col("kind") == STATS).select("blob").collect()  # runs the stage
+    with _stage(spark, "decode"):  # runs the stage
+        found = frame.filter(F.col("kind") == STATS).select("blob").collect()
     stats = sorted((PartStats.unpack(row[0]) for row in found), key=lambda s: s.part)
     return _Decoded(frame, bounds, buckets, stats)
 
@@ -454,6 +455,17 @@ def _synthesize(spark: Any, ref: ArchiveRef, plan: RestorePlan, ops: _Decoded,
 
 
 @contextmanager
+def _stage(spark: Any, name: str) -> Iterator[None]:
+    """The Spark jobs run inside are described as this stage of snapshot-at (in Spark's UI,
+    and its status store, where bench/pipeline_bench.py reads the stages' times)."""
+    spark.sparkContext.setJobDescription(f"snapshot-at: {name}")
+    try:
+        yield
+    finally:
+        spark.sparkContext.setJobDescription(None)
+
+
+@contextmanager
 def _unchecked_shuffles(spark: Any) -> Iterator[None]:
     """Spark 4.1 and later hash every shuffled row (an order-independent checksum) to notice
     a retried task that writes other data than its first attempt. These stages shuffle blobs
@@ -534,9 +546,10 @@ def _fold(spark: Any, ref: ArchiveRef, plan: RestorePlan, ops: _Decoded, meta: S
                           ops.buckets)
     sketches: dict[str, SessionSketch] = {}
     skipped_parts = []
-    for client, blob in per_client.mapInArrow(
-            lambda batches: paused_gc(fold_sessions(batches)),
-            "client binary, blob binary").collect():
+    with _stage(spark, "sessions"):
+        found = per_client.mapInArrow(lambda batches: paused_gc(fold_sessions(batches)),
+                                      "client binary, blob binary").collect()
+    for client, blob in found:
         if not client:
             skipped_parts.append(blob)
             continue
@@ -609,7 +622,9 @@ def _fold(spark: Any, ref: ArchiveRef, plan: RestorePlan, ops: _Decoded, meta: S
     try:
         results: dict[int, dict[str, Any]] = {}
         key_count = 0
-        for n, index, result in folded.select("n", "rindex", "result").collect():
+        with _stage(spark, "keys"):
+            found = folded.select("n", "rindex", "result").collect()
+        for n, index, result in found:
             if index is None:
                 key_count += n
             else:
@@ -625,7 +640,8 @@ def _fold(spark: Any, ref: ArchiveRef, plan: RestorePlan, ops: _Decoded, meta: S
                                           runs.toLocalIterator(prefetchPartitions=True)),
                              sessions=sessions)
 
-        return SnapshotStore(work / "out").save(meta, KVStateMachine.kind, write)
+        with _stage(spark, "payload"):
+            return SnapshotStore(work / "out").save(meta, KVStateMachine.kind, write)
     finally:
         folded.unpersist()
         decoded.unpersist()  # the last stage to read it
