@@ -468,19 +468,23 @@ def _stage(spark: Any, name: str) -> Iterator[None]:
 @contextmanager
 def _unchecked_shuffles(spark: Any) -> Iterator[None]:
     """Spark 4.1 and later hash every shuffled row (an order-independent checksum) to notice
-    a retried task that writes other data than its first attempt. These stages shuffle blobs
-    that a retry rebuilds byte for byte (the decode of the same segments, the same folds), so
-    the check only costs: hashing the blobs took about a sixth of the JVM's CPU."""
-    key = "spark.sql.shuffle.orderIndependentChecksum.enabled"
-    before = spark.conf.get(key, None)
-    spark.conf.set(key, "false")
+    a retried task that writes other data than its first attempt, and then retry the whole
+    consumer stage. These stages shuffle blobs that a retry rebuilds byte for byte (the
+    decode of the same segments, the same folds), so the check only costs: hashing the
+    blobs took a sixth of the JVM's CPU. Either setting turns the hashing on."""
+    keys = ("spark.sql.shuffle.orderIndependentChecksum.enabled",
+            "spark.sql.shuffle.orderIndependentChecksum.enableFullRetryOnMismatch")
+    before = {key: spark.conf.get(key, None) for key in keys}  # None: not set
+    for key in keys:
+        spark.conf.set(key, "false")
     try:
         yield
     finally:
-        if before is None:
-            spark.conf.unset(key)
-        else:
-            spark.conf.set(key, before)
+        for key, value in before.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
 
 
 def _fold(spark: Any, ref: ArchiveRef, plan: RestorePlan, ops: _Decoded, meta: SnapshotMeta,
@@ -631,13 +635,19 @@ def _fold(spark: Any, ref: ArchiveRef, plan: RestorePlan, ops: _Decoded, meta: S
                 results[index] = msgpack.unpackb(result, raw=False, strict_map_key=False)
         sessions = [finish_session(s, results) for s in sketches.values()]
         sessions += [s for c, s in base_sessions.items() if c not in sketches]
-        runs = folded.filter(F.col("run").isNotNull()).select("run")
+        runs = folded.filter(F.col("run").isNotNull()).select("dest", "run")
+
+        def key_records() -> Iterator[bytes]:
+            """The runs in range order, a few ranges at a time, through Arrow: collect() and
+            toLocalIterator() send binary through a pickler that turns every byte array into
+            a latin-1 string (a sixth of the JVM's CPU on 3M entries)."""
+            for low in range(0, len(bounds) + 1, RANGES_PER_FETCH):
+                some = runs.filter(F.col("dest").between(low, low + RANGES_PER_FETCH - 1))
+                yield from some.toArrow().column("run").to_pylist()
 
         def write(stream: Any) -> None:
             assemble_payload(stream, applied_index=applied, clock=final_clock, ttl_ms=ttl,
-                             window=window, key_count=key_count,
-                             key_records=(row[0] for row in
-                                          runs.toLocalIterator(prefetchPartitions=True)),
+                             window=window, key_count=key_count, key_records=key_records(),
                              sessions=sessions)
 
         with _stage(spark, "payload"):
@@ -648,7 +658,8 @@ def _fold(spark: Any, ref: ArchiveRef, plan: RestorePlan, ops: _Decoded, meta: S
         skipped.unpersist()
 
 
-_FOLDED = "run binary, n long, rindex long, result binary"
+_FOLDED = "dest int, run binary, n long, rindex long, result binary"
+RANGES_PER_FETCH = 8  # key ranges the driver fetches at a time while it writes the payload
 
 
 def _exactly(frame: Any, count: int) -> Any:
@@ -696,7 +707,8 @@ def _folded_batch(schema: Any, dest: int, run: list[bytes], results: dict[int, b
 
     count = len(results)
     return pa.RecordBatch.from_arrays(
-        [pa.array([b"".join(run), *[None] * count], pa.binary()),
+        [pa.array([dest] * (count + 1), pa.int32()),
+         pa.array([b"".join(run), *[None] * count], pa.binary()),
          pa.array([len(run), *[None] * count], pa.int64()),
          pa.array([None, *results], pa.int64()),
          pa.array([None, *results.values()], pa.binary())], schema=schema)
