@@ -12,7 +12,8 @@ session, pipelined sequences that overtake each other, quiet spells past the 10-
 TTL), a no-op and a leader whose clock is a little off at every new term, one configuration
 change, and a member's snapshot at about N/4. The target is the last entry, so N entries are
 folded on top of the snapshot. Keys: N/8 of them, a skewed pick (a few are hot), some non-ASCII;
-values 16-240 bytes.
+values of 16-240 random bytes (nothing compresses them). Writing 3M entries takes about a
+minute.
 
 Then, on that archive and target:
 
@@ -26,11 +27,21 @@ Then, on that archive and target:
   the job itself on 1M entries). The job's time runs from the call to the published snapshot.
 
 Each Spark payload must equal, byte for byte, the replay's (the replay is the oracle); the
-bench fails otherwise. Where the job's time goes comes from Spark's own status store: *stages*
-is the wall time while any Spark stage ran (the decode, the sessions and the keys, and the
-small one-task reductions and reads between them), *driver* the rest (planning, collecting
-sketches and results, writing and uploading the payload). Compare numbers as ratios within
-one run: this host's speed drifts by up to 2x within an hour.
+bench fails otherwise. The table's columns:
+
+* *cores*: CPU seconds of every process of the engine (driver, JVM, Python workers) over the
+  job's seconds: how much of the machine it kept busy. Spark's JVM works beside its Python
+  workers (moving the blobs, compiling, collecting garbage), so `local[1]` keeps more than one
+  core busy.
+* *decode*, *sessions*, *keys*, *payload*: wall time while Spark ran that stage of the job
+  (from Spark's status store; the pipeline describes its jobs by stage). The first three are
+  the parallel stages: their tasks spread over the cores. *payload* is the driver fetching the
+  folded records from the key ranges in order.
+* *driver*: the rest of the job's time: planning, the base snapshot's header and sessions,
+  sampling the key ranges, collecting sketches and results, writing and uploading the payload.
+
+Compare numbers as ratios within one run: this host's speed drifts by up to 2x within an hour,
+and other work on it takes cores from `local[2]` first.
 
 `--keep` writes the archives under `~/.cache/flotilla/pipeline-bench` (or `--archive`) and
 reuses them on the next run; without it they go to a temporary directory that is removed.
