@@ -33,6 +33,8 @@ bench fails otherwise. The table's columns:
   job's seconds: how much of the machine it kept busy. Spark's JVM works beside its Python
   workers (moving the blobs, compiling, collecting garbage), so `local[1]` keeps more than one
   core busy.
+* *others*: the cores everything else on the machine kept busy meanwhile (other work on a
+  shared host takes them from `local[2]` first).
 * *decode*, *sessions*, *keys*, *payload*: wall time while Spark ran that stage of the job
   (from Spark's status store; the pipeline describes its jobs by stage). The first three are
   the parallel stages: their tasks spread over the cores. *payload* is the driver fetching the
@@ -273,7 +275,8 @@ class Run:
     engine: str
     seconds: float = 0.0
     startup: float | None = None  # Spark: session + warm-up
-    cpu: float | None = None  # CPU seconds of every process, over `seconds`
+    cpu: float | None = None  # CPU seconds of every process of the engine, over `seconds`
+    others: float | None = None  # CPU seconds of everything else on the machine meanwhile
     parts: dict[str, float] = field(default_factory=dict)  # named parts of `seconds`
     sha256: str = ""
     payload_bytes: int = 0
@@ -324,13 +327,14 @@ def run_replay(url: str, w: Workload, s3: dict[str, str | None], work: Path) -> 
     logger.setLevel(logging.INFO)
     restore.mark(datadir.path, cfg)
     try:
-        began, cpu = time.perf_counter(), time.process_time()
+        began, cpu, busy = time.perf_counter(), time.process_time(), _machine_busy()
         source = restore.open_source(cfg)  # the plan, from the manifest
         try:
             restore.restore(source, datadir.path, snapshots, storage, membership)
         finally:
             source.close()
         seconds, cpu = time.perf_counter() - began, time.process_time() - cpu
+        others = max(0.0, _machine_busy() - busy - cpu)
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)
@@ -339,7 +343,7 @@ def run_replay(url: str, w: Workload, s3: dict[str, str | None], work: Path) -> 
     assert latest is not None
     digest, size = _payload_digest(latest.path)
     fetch = marks[0] - began if marks else 0.0
-    return Run(w.entries, "replay", seconds, cpu=cpu,
+    return Run(w.entries, "replay", seconds, cpu=cpu, others=others,
                parts={"fetch+verify": fetch, "restore+apply+write": seconds - fetch},
                sha256=digest, payload_bytes=size)
 
@@ -386,6 +390,14 @@ def _stages(spark: Any) -> list[tuple[float, float, str]]:
                     s.completionTime().get().getTime() / 1000,
                     described.get(s.stageId(), "other")))
     return out
+
+
+def _machine_busy() -> float:
+    """CPU seconds the whole machine has been busy (every process, the kernel's too)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
 def _cpu_seconds() -> float:
@@ -443,11 +455,12 @@ def spark_child(master: str, url: str, w: Workload, s3: dict[str, str | None],
             run.parts["session"] = session
             ref = ArchiveRef(url, w.cluster_id, s3["endpoint"], s3["region"])
             wall_began = time.time()
-            cpu = _cpu_seconds()
+            cpu, busy = _cpu_seconds(), _machine_busy()
             began = time.perf_counter()
             snapshot_at(spark, ref, w.target, to_cluster_id=to_cluster_id)
             run.seconds = time.perf_counter() - began
             run.cpu = _cpu_seconds() - cpu
+            run.others = max(0.0, _machine_busy() - busy - run.cpu)
             stages = [s for s in _stages(spark) if s[0] >= wall_began]
             for name in STAGES:
                 run.parts[name] = _covered([(a, b) for a, b, what in stages if what == name])
@@ -508,6 +521,7 @@ def _size(n: int) -> str:
 
 def render(runs: list[Run]) -> str:
     head = ["entries", "engine", "start-up s", "seconds", "entries/s", "vs replay", "cores",
+            "others",
             *(f"{name} s" for name in STAGES), "driver s", "identical"]
     rows = [head]
     replay = {r.entries: r for r in runs if r.engine == "replay" and not r.error}
@@ -524,6 +538,7 @@ def render(runs: list[Run]) -> str:
                      "" if r.startup is None else f"{r.startup:.1f}", f"{r.seconds:.1f}",
                      f"{r.entries / r.seconds:,.0f}", ratio,
                      "" if r.cpu is None else f"{r.cpu / r.seconds:.2f}",
+                     "" if r.others is None else f"{r.others / r.seconds:.2f}",
                      *(f"{r.parts[p]:.1f}" if p in r.parts else ""
                        for p in (*STAGES, "driver")),
                      same])
