@@ -66,7 +66,6 @@ from .source import (
     KEYS,
     SESSION_ROWS,
     SESSIONS,
-    STATS,
     ArchiveRef,
     PartStats,
     arrow_schema,
@@ -349,28 +348,47 @@ def _ops(spark: Any, ref: ArchiveRef, plan: RestorePlan, tasks: int | None,
     if not docs:
         return _Decoded(spark.createDataFrame([], DECODED), bounds, buckets, [])
     upto = plan.index
+    # The parts' stats come back with the tasks' results (keyed by part: a task run twice
+    # reports the same), so no job reads the decoded rows for them.
+    reported = sc.accumulator({}, _ByPart())
 
     def decode_parts(batches: Iterator[Any]) -> Iterator[Any]:
         from flotilla.node.archive.manifest import SegmentRecord
+
+        def report(stats: PartStats) -> None:
+            reported.add({stats.part: stats.pack()})
 
         for batch in batches:
             for part in batch.column(0).to_pylist():
                 doc = json.loads(docs[part])
                 records = [SegmentRecord(d["first"], d["last"], d["key"], d["bytes"],
                                          d["sha256"]) for d in doc["segments"]]
-                yield from paused_gc(decode_segments(ref, upto, records, doc["above"], part,
-                                                     buckets, bounds))
+                yield from paused_gc(decode_segments(ref, upto, records, report, doc["above"],
+                                                     part, buckets, bounds))
 
     from pyspark import StorageLevel
-    from pyspark.sql import functions as F
 
     parts = spark.range(len(docs), numPartitions=len(docs))
     with _stage(spark, "decode"):  # runs the stage
         frame = parts.mapInArrow(decode_parts, DECODED).localCheckpoint(
             eager=True, storageLevel=StorageLevel.DISK_ONLY)
-        found = frame.filter(F.col("kind") == STATS).select("blob").collect()
-    stats = sorted((PartStats.unpack(row[0]) for row in found), key=lambda s: s.part)
+    stats = [PartStats.unpack(blob) for _, blob in sorted(reported.value.items())]
+    if len(stats) != len(docs):
+        raise PipelineError(f"{len(docs) - len(stats)} of the {len(docs)} decode tasks "
+                            "reported nothing")
     return _Decoded(frame, bounds, buckets, stats)
+
+
+class _ByPart:
+    """An accumulator of {part: packed stats} (Spark's AccumulatorParam protocol; not a
+    subclass, so that this module imports without PySpark)."""
+
+    def zero(self, value: dict[int, bytes]) -> dict[int, bytes]:
+        return {}
+
+    def addInPlace(self, found: dict[int, bytes], more: dict[int, bytes]) -> dict[int, bytes]:
+        found.update(more)
+        return found
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import gc
 import zlib
 from bisect import bisect_right
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +24,7 @@ from flotilla.node.consensus import EntryKind
 
 from .kvfold import OP_DELETE, OP_PUT, decode_fields, key_bytes, key_text
 
-__all__ = ["DECODED", "KEYS", "KEY_ROWS", "SESSIONS", "SESSION_ROWS", "STATS", "ArchiveRef",
+__all__ = ["DECODED", "KEYS", "KEY_ROWS", "SESSIONS", "SESSION_ROWS", "ArchiveRef",
            "PartStats", "arrow_schema", "decode_segments", "from_blob", "key_bytes", "key_text",
            "paused_gc", "to_blob"]
 
@@ -35,7 +35,6 @@ PUT, DELETE, BAD = OP_PUT, OP_DELETE, -1
 # than the fold itself when every entry is a row); the work on entries stays in Python, on
 # Arrow batches, in the task that owns them.
 DECODED = "kind byte, dest int, blob binary"
-STATS = 0  # dest: the part; blob: msgpack of the part's `PartStats`
 SESSIONS = 1  # dest: a bucket of clients; blob: an Arrow batch of SESSION_ROWS
 KEYS = 2  # dest: a range of keys; blob: an Arrow batch of KEY_ROWS
 # A command with a client id: its clock is max(run, the clock before its part), where run is
@@ -118,12 +117,12 @@ def paused_gc(batches: Iterator[Any]) -> Iterator[Any]:
 
 
 def decode_segments(ref: ArchiveRef, upto: int, segments: Sequence[SegmentRecord],
-                    above: int = 0, part: int = 0, buckets: int = 1,
-                    bounds: Sequence[bytes] = ()) -> Iterator[Any]:
+                    report: Callable[[PartStats], None], above: int = 0, part: int = 0,
+                    buckets: int = 1, bounds: Sequence[bytes] = ()) -> Iterator[Any]:
     """The entries above index `above` and up to `upto` of `segments` (consecutive, possibly
     overlapping: an index is taken once), decoded, as Arrow batches of DECODED: session rows
     in `buckets` buckets of clients, key rows in the ranges `bounds` cut (range r holds the
-    keys k with bounds[r - 1] <= k < bounds[r]), and last the part's stats."""
+    keys k with bounds[r - 1] <= k < bounds[r]). The part's stats go to `report` at the end."""
     import pyarrow as pa
 
     session_schema, key_schema = arrow_schema(SESSION_ROWS), arrow_schema(KEY_ROWS)
@@ -201,10 +200,7 @@ def decode_segments(ref: ArchiveRef, upto: int, segments: Sequence[SegmentRecord
         if last >= upto:
             break
     yield flush()
-    stats = PartStats(part, run, last_normal, target, tuple(memberships))
-    yield pa.RecordBatch.from_arrays(
-        [pa.array([STATS], pa.int8()), pa.array([part], pa.int32()),
-         pa.array([stats.pack()], pa.binary())], schema=decoded)
+    report(PartStats(part, run, last_normal, target, tuple(memberships)))
 
 
 def arrow_schema(ddl: str) -> Any:
