@@ -2,18 +2,23 @@
 published into the archive as a new cluster that an unchanged member restores.
 
 The driver plans from the manifest (the plan the node's own restore makes: the newest intact
-snapshot at or below N plus the segments covering the rest) and writes the snapshot file; Spark
-does the work in between, in the stages of `kvfold`:
+snapshot at or below N plus the segments covering the rest), reads the base snapshot's header
+and sessions, samples the keys, and writes the snapshot file; Spark does the work in between,
+in the steps of `kvfold`:
 
-    segments --decode--> ops (cached)
-    ops --per-segment max ts--> clock offsets (driver) --window--> each command's clock
-    client commands --by client, in index order--> skipped indexes + session sketches
-    effective commands (+ the base keys they touch) --by key, in index order--> final records
-    final records + untouched base records --sorted by key--> packed runs --> the payload
+    decode   a task per run of consecutive segments (a part): verify, decode, the clock's
+             running maximum; commands cut by bucket of clients and by range of keys
+             (kept as a local checkpoint; the parts' stats come back in an accumulator)
+    sessions per bucket of clients: the indexes answered from a session, the sessions' sketches
+    keys     per range of keys, with the base snapshot's entries of that range (read by tasks):
+             the final records and the results the sessions record
+    payload  the driver takes the ranges in order: they are the payload's key order
 
-Keys travel as UTF-8 bytes (lone surrogates kept), so Spark's binary sort is the machine's
-code-point order. Each "by X" stage is a hash repartition plus a sort within partitions and one
-Python call per Arrow batch, never one per key.
+Spark moves blobs (Arrow batches of a few thousand rows, serialized), never a row per entry:
+its row machinery (caching, shuffling, converting every row) cost more than the fold itself.
+A blob reaches the task of its bucket or range by hash partitioning on a label Spark's hash
+sends there (`_exactly`). Keys travel as UTF-8 bytes (lone surrogates kept), so a byte sort is
+the machine's code-point order.
 """
 
 from __future__ import annotations

@@ -1,11 +1,12 @@
 """Archived entries into Spark, without Hadoop's S3 connector.
 
-The driver plans from the manifest; Spark only sees a small table of segment records, split
-into a few large tasks. Each task fetches its segments with the project's own archive client
-(one client per Python worker, kept for the worker's life: building a boto3 client costs more
-than reading a segment), verifies them whole (SHA-256 against the manifest, every record's
-CRC, the index range), decodes the key-value commands and hands Spark Arrow batches. Nothing
-unverified enters Spark.
+The driver plans from the manifest; Spark only sees a small table of parts (runs of
+consecutive segments), one task each. Each task fetches its segments with the project's own
+archive client (one client per Python worker, kept for the worker's life: building a boto3
+client costs more than reading a segment), verifies them whole (SHA-256 against the manifest,
+every record's CRC, the index range), decodes the key-value commands and hands Spark blobs:
+Arrow batches of a few thousand rows, serialized, for the stage and the task that will fold
+them. Nothing unverified enters Spark.
 """
 
 from __future__ import annotations
