@@ -565,7 +565,9 @@ def scaling(runs: list[Run]) -> list[str]:
         parallel = [sum(r.parts[p] for p in PARALLEL) for r in (one, two)]
         each = ", ".join(f"{p} {one.parts[p] / two.parts[p]:.2f}x" for p in PARALLEL
                          if two.parts[p] > 0)
-        out.append(f"{_size(n)}: local[2] is {one.seconds / two.seconds:.2f}x local[1] over "
+        payload = by[(n, "replay")].payload_bytes / 1e6 if (n, "replay") in by else 0
+        out.append(f"{_size(n)}: a {payload:.0f} MB payload; "
+                   f"local[2] is {one.seconds / two.seconds:.2f}x local[1] over "
                    f"the job, {parallel[0] / parallel[1]:.2f}x on the parallel stages "
                    f"({each})")
     return out
