@@ -398,7 +398,8 @@ class _ByPart:
 
 @dataclass(frozen=True, slots=True)
 class _Decoded:
-    """The decode stage's output (rows of source.DECODED, cached) and how it was cut."""
+    """The decode stage's output (rows of source.DECODED, checkpointed), how it was cut, and
+    what each part reported."""
 
     frame: Any
     bounds: list[bytes]  # the key ranges: range r holds bounds[r - 1] <= key < bounds[r]
