@@ -63,6 +63,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import numpy as np
 from flotilla.node.archive import ClusterArchive, open_archive
@@ -257,12 +258,21 @@ def archived(url: str, w: Workload, s3: dict[str, str | None]) -> bool:
 
 
 def remove_cluster(url: str, cluster_id: str, s3: dict[str, str | None]) -> None:
+    """Delete a cluster's objects (a run's output, or a workload being rewritten); in a
+    file:// archive its emptied folders too."""
     archive = open_archive(url, **s3)
     try:
         for key in list(archive.list_keys(f"{cluster_id}/")):
             archive.delete(key)
     finally:
         archive.close()
+    if url.startswith("file://"):
+        folder = Path(unquote(urlsplit(url).path)) / cluster_id
+        for path in sorted(folder.rglob("*"), reverse=True) if folder.is_dir() else ():
+            if path.is_dir() and not any(path.iterdir()):
+                path.rmdir()
+        if folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
 
 
 # ---------------------------------------------------------------------------------------------
