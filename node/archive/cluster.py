@@ -396,9 +396,15 @@ class ClusterArchive:
             if current is None or len(current.snapshots) <= keep_snapshots:
                 return current
             floor = max(current.snapshots[-keep_snapshots].index, current.retention_floor)
+            if current.cleaned_through:
+                # Compaction owns the history: what it has not cleaned yet stays for it.
+                floor = max(min(floor, current.cleaned_through), current.retention_floor)
+                if floor == current.retention_floor:
+                    return current
             trimmed = Manifest.create(
                 self.cluster_id, max(current.seq, self._highest_seq) + 1, self._now(),
-                current.snapshots, current.segments, floor,
+                current.snapshots, current.segments, floor, current.cleaned_through,
+                current.log_start,
             )
             try:
                 self._write_manifest(trimmed)

@@ -3,6 +3,10 @@
     snapshots/<index:020d>-<term:020d>.snap   a snapshot file, byte for byte as the member wrote it
     segments/<first:020d>-<last:020d>.seg     committed entries first..last (segments.py)
     manifests/<seq:020d>.json                 what is archived; the highest seq is in force
+    compacted/<first:020d>-<last:020d>-<through:020d>.seg
+                                              a compacted segment standing for first..last,
+                                              written by the compaction pass that cleaned
+                                              through index `through`
 
 Twenty digits hold any u64 and make the lexicographic order of a listing the numeric order.
 """
@@ -14,9 +18,11 @@ import re
 SNAPSHOTS = "snapshots/"
 SEGMENTS = "segments/"
 MANIFESTS = "manifests/"
+COMPACTED = "compacted/"
 
 _SNAPSHOT = re.compile(r"^snapshots/(\d{20})-(\d{20})\.snap$")
 _SEGMENT = re.compile(r"^segments/(\d{20})-(\d{20})\.seg$")
+_COMPACTED = re.compile(r"^compacted/(\d{20})-(\d{20})-(\d{20})\.seg$")
 _MANIFEST = re.compile(r"^manifests/(\d{20})\.json$")
 _CLUSTER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -27,6 +33,16 @@ def snapshot_key(index: int, term: int) -> str:
 
 def segment_key(first: int, last: int) -> str:
     return f"{SEGMENTS}{first:020d}-{last:020d}.seg"
+
+
+def compacted_key(first: int, last: int, through: int) -> str:
+    return f"{COMPACTED}{first:020d}-{last:020d}-{through:020d}.seg"
+
+
+def parse_compacted_key(key: str) -> tuple[int, int, int] | None:
+    """(first, last, through) of a compacted segment's name, or None if `key` is not one."""
+    match = _COMPACTED.match(key)
+    return (int(match.group(1)), int(match.group(2)), int(match.group(3))) if match else None
 
 
 def manifest_key(seq: int) -> str:

@@ -24,6 +24,19 @@ last entries, and each snapshot record `ts_ms`, the time of the entry at its ind
 time is unknown (entries written before entries carried one). Times never decrease along the
 log, so these ranges let timeindex.py resolve a time to segments without reading them. Old
 builds ignore the fields, so the manifest format version is unchanged.
+
+Compaction (`flotilla pipeline compact`, Kafka's log compaction). A manifest may hold
+*compacted* segment records (`"compacted": true`, with `entries`, the records kept): each
+stands for first..last but keeps only the last effective change of each key in it, and delete
+markers within their retention. They rebuild no state: `reach`, `chain` and so every restore
+ignore them. `cleaned_through` is the index the compacted log reaches (0: never compacted);
+the archive holds a snapshot there, the *cleanable point*, from which the head is restorable,
+and the raw segments at or below it are gone. `log_start` is where the compacted log begins:
+the empty state (0), or the snapshot the history started from when compaction first ran (then
+kept whatever the retention floor, since the keys it holds have no entry left in the log).
+Compacted records are kept whatever the retention floor: they are the history compaction
+keeps. A manifest with either is written as format version 2, which builds that cannot read
+compacted segments refuse.
 """
 
 from __future__ import annotations
@@ -36,7 +49,9 @@ from typing import Any
 from .errors import ArchiveCorrupt
 
 FORMAT = "flotilla-archive-manifest"
-VERSION = 1
+VERSION = 1  # without compaction
+COMPACTED_VERSION = 2  # with compacted segments or a cleaned_through
+VERSIONS = (VERSION, COMPACTED_VERSION)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,14 +80,19 @@ class SegmentRecord:
     sha256: str
     first_ts_ms: int | None = None  # the time of entry `first`; None: unknown
     last_ts_ms: int | None = None  # the time of entry `last`; None: unknown
+    compacted: bool = False  # keeps only some entries of first..last (segments.COMPACTED)
+    entries: int | None = None  # compacted: how many entries it keeps
 
     def to_json(self) -> dict[str, Any]:
-        document = {"first": self.first, "last": self.last, "key": self.key,
-                    "bytes": self.size, "sha256": self.sha256}
+        document: dict[str, Any] = {"first": self.first, "last": self.last, "key": self.key,
+                                    "bytes": self.size, "sha256": self.sha256}
         if self.first_ts_ms is not None:
             document["first_ts_ms"] = self.first_ts_ms
         if self.last_ts_ms is not None:
             document["last_ts_ms"] = self.last_ts_ms
+        if self.compacted:
+            document["compacted"] = True
+            document["entries"] = self.entries or 0
         return document
 
 
@@ -89,7 +109,13 @@ class Manifest:
     snapshots: tuple[SnapshotRecord, ...] = ()
     segments: tuple[SegmentRecord, ...] = ()
     retention_floor: int = 0
-    version: int = VERSION
+    cleaned_through: int = 0  # compaction reached this index (0: never compacted)
+    log_start: int = 0  # where the compacted log begins (a kept snapshot's index, or 0)
+
+    @property
+    def version(self) -> int:
+        compacted = self.cleaned_through or any(s.compacted for s in self.segments)
+        return COMPACTED_VERSION if compacted else VERSION
 
     @classmethod
     def create(
@@ -100,18 +126,24 @@ class Manifest:
         snapshots: Iterable[SnapshotRecord] = (),
         segments: Iterable[SegmentRecord] = (),
         retention_floor: int = 0,
+        cleaned_through: int = 0,
+        log_start: int = 0,
     ) -> Manifest:
         """A manifest holding these records, deduplicated by key and sorted, minus records
-        wholly below the retention floor."""
-        kept_snapshots = {s.key: s for s in snapshots if s.index >= retention_floor}
-        kept_segments = {s.key: s for s in segments if s.last > retention_floor}
+        wholly below the retention floor (compacted segments, and the snapshot the compacted
+        log starts from, are kept)."""
+        kept_snapshots = {s.key: s for s in snapshots if s.index >= retention_floor
+                          or (cleaned_through and s.index == log_start)}
+        kept_segments = {s.key: s for s in segments if s.last > retention_floor or s.compacted}
         return cls(
             cluster_id,
             seq,
             created,
             tuple(sorted(kept_snapshots.values(), key=lambda s: (s.index, s.term))),
-            tuple(sorted(kept_segments.values(), key=lambda s: (s.first, s.last))),
+            tuple(sorted(kept_segments.values(), key=lambda s: (s.first, s.last, s.key))),
             retention_floor,
+            cleaned_through,
+            log_start,
         )
 
     def merged(
@@ -125,12 +157,23 @@ class Manifest:
         """The next manifest: this one's records plus these."""
         return Manifest.create(
             self.cluster_id, seq, created, (*self.snapshots, *snapshots),
-            (*self.segments, *segments), self.retention_floor,
+            (*self.segments, *segments), self.retention_floor, self.cleaned_through,
+            self.log_start,
         )
 
     def same_records(self, other: Manifest) -> bool:
-        return (self.snapshots, self.segments, self.retention_floor) == (
-            other.snapshots, other.segments, other.retention_floor)
+        return (self.snapshots, self.segments, self.retention_floor, self.cleaned_through,
+                self.log_start) == (other.snapshots, other.segments, other.retention_floor,
+                                    other.cleaned_through, other.log_start)
+
+    @property
+    def raw_segments(self) -> tuple[SegmentRecord, ...]:
+        """The segments that hold every entry of their range (the ones restores replay)."""
+        return tuple(s for s in self.segments if not s.compacted)
+
+    @property
+    def compacted_segments(self) -> tuple[SegmentRecord, ...]:
+        return tuple(s for s in self.segments if s.compacted)
 
     # --- what it can rebuild ------------------------------------------------------------------
 
@@ -142,7 +185,7 @@ class Manifest:
     def reach(self, base: int) -> int:
         """The highest index the segments cover without a gap from `base` + 1 (or `base`)."""
         covered = base
-        for segment in self.segments:  # sorted by first
+        for segment in self.raw_segments:  # sorted by first
             if segment.first > covered + 1:
                 break
             covered = max(covered, segment.last)
@@ -157,7 +200,7 @@ class Manifest:
         picked: list[SegmentRecord] = []
         covered = base
         position = 0
-        segments = self.segments
+        segments = self.raw_segments
         while covered < target:
             best = None
             while position < len(segments) and segments[position].first <= covered + 1:
@@ -205,6 +248,8 @@ class Manifest:
             "created": self.created,
             "last_archived_index": self.last_archived_index,
             "retention_floor": self.retention_floor,
+            **({"cleaned_through": self.cleaned_through, "log_start": self.log_start}
+               if self.version == COMPACTED_VERSION else {}),
             "snapshots": [s.to_json() for s in self.snapshots],
             "segments": [s.to_json() for s in self.segments],
         }
@@ -217,10 +262,11 @@ class Manifest:
             document = json.loads(data)
             if document.get("format") != FORMAT:
                 raise ValueError(f"format is {document.get('format')!r}, not {FORMAT!r}")
-            if document.get("version") != VERSION:
+            if document.get("version") not in VERSIONS:
                 raise ArchiveCorrupt(
                     f"{name} is manifest format version {document.get('version')}, but this "
-                    f"build reads version {VERSION}: use the Flotilla version that wrote it",
+                    f"build reads versions {', '.join(map(str, VERSIONS))}: use the Flotilla "
+                    "version that wrote it",
                     key=name,
                 )
             snapshots = tuple(
@@ -231,12 +277,15 @@ class Manifest:
             segments = tuple(
                 SegmentRecord(_int(s["first"]), _int(s["last"]), str(s["key"]),
                               _int(s["bytes"]), str(s["sha256"]),
-                              _optional_int(s, "first_ts_ms"), _optional_int(s, "last_ts_ms"))
+                              _optional_int(s, "first_ts_ms"), _optional_int(s, "last_ts_ms"),
+                              _bool(s.get("compacted", False)),
+                              _optional_int(s, "entries") if s.get("compacted") else None)
                 for s in document["segments"]
             )
             manifest = cls.create(
                 str(document["cluster_id"]), _int(document["seq"]), str(document["created"]),
                 snapshots, segments, _int(document.get("retention_floor", 0)),
+                _int(document.get("cleaned_through", 0)), _int(document.get("log_start", 0)),
             )
         except ArchiveCorrupt:
             raise
@@ -259,6 +308,12 @@ class Manifest:
                 key=name,
             )
         return manifest
+
+
+def _bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{value!r} is not true or false")
+    return value
 
 
 def _optional_int(document: dict[str, Any], key: str) -> int | None:

@@ -16,15 +16,25 @@ the same bytes: a re-upload after a crash, or by the next leader, is recognised 
 
 Version 1 segments, written by the first release, hold version 1 records (`[index, term, kind,
 data]`, read with `ts_ms` 0); this build writes version 2 segments of version 2 records.
+
+Version 3 is a *compacted* segment (written by `flotilla pipeline compact`): the header's range
+first..last still names every index the segment stands for, but only some of those entries are
+kept (the last effective change of each key), so the records' indexes increase with gaps, and
+there may be none. Between the cluster id and the header's CRC it holds a metadata block
+(length u32 | msgpack map): `horizons`, the `[index, delete horizon in log-time ms]` of each
+delete marker it keeps. Compacted segments rebuild no state on their own; the manifest marks
+them and restores never replay them (see manifest.py).
 """
 
 from __future__ import annotations
 
+import itertools
 import struct
 import zlib
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
+import msgpack
 from flotilla.node.consensus.types import Entry
 from flotilla.node.storage.segment import RECORD_V1, RECORD_V2, encode_record, scan_records
 
@@ -32,10 +42,14 @@ from .errors import ArchiveCorrupt
 
 MAGIC = b"FLOTASEG"
 VERSION = 2
-RECORD_VERSIONS = {1: frozenset({RECORD_V1}), 2: frozenset({RECORD_V2})}  # by segment version
+COMPACTED = 3  # the version of a compacted segment
+RECORD_VERSIONS = {1: frozenset({RECORD_V1}), 2: frozenset({RECORD_V2}),
+                   COMPACTED: frozenset({RECORD_V2})}  # by segment version
 
 _FIXED = struct.Struct("<8sHHQQH")
 _CRC = struct.Struct("<I")
+_META = struct.Struct("<I")
+MAX_META = 64 << 20  # a metadata block larger than this is damage, not a segment
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +59,11 @@ class SegmentHeader:
     last: int
     cluster_id: str
     size: int  # bytes; the first record starts here
+    horizons: Mapping[int, int] = field(default_factory=dict)  # compacted: marker -> horizon
+
+    @property
+    def compacted(self) -> bool:
+        return self.version == COMPACTED
 
 
 def encode_segment(cluster_id: str, entries: Sequence[Entry], *, version: int = VERSION
@@ -66,6 +85,28 @@ def encode_segment(cluster_id: str, entries: Sequence[Entry], *, version: int = 
     return b"".join(parts)
 
 
+def encode_compacted(cluster_id: str, first: int, last: int, entries: Sequence[Entry],
+                     horizons: Mapping[int, int]) -> bytes:
+    """Encode a compacted segment standing for indexes first..last that keeps `entries`
+    (indexes increasing within the range; possibly none) and the delete horizons of the
+    markers among them."""
+    if not 1 <= first <= last:
+        raise ValueError(f"a compacted segment's range {first}..{last} is empty")
+    indexes = [entry.index for entry in entries]
+    if any(not first <= i <= last for i in indexes) or any(
+            a >= b for a, b in itertools.pairwise(indexes)):
+        raise ValueError(f"compacted entries must have increasing indexes in {first}..{last}")
+    if not set(horizons) <= set(indexes):
+        raise ValueError("a delete horizon names an entry the segment does not keep")
+    cid = cluster_id.encode()
+    meta = msgpack.packb({"horizons": sorted(horizons.items())})
+    head = (_FIXED.pack(MAGIC, COMPACTED, 0, first, last, len(cid)) + cid
+            + _META.pack(len(meta)) + meta)
+    parts = [head, _CRC.pack(zlib.crc32(head))]
+    parts.extend(encode_record(entry, RECORD_V2) for entry in entries)
+    return b"".join(parts)
+
+
 def read_segment_header(data: bytes, *, name: str = "segment") -> SegmentHeader:
     """Parse and check the header of an encoded segment (`name` is used in errors)."""
 
@@ -78,6 +119,14 @@ def read_segment_header(data: bytes, *, name: str = "segment") -> SegmentHeader:
     if magic != MAGIC:
         raise corrupt(f"bad magic {magic!r}")
     end = _FIXED.size + cid_length
+    meta_at = end
+    if version == COMPACTED:
+        if len(data) < end + _META.size:
+            raise corrupt("header is cut short")
+        (meta_length,) = _META.unpack_from(data, end)
+        if meta_length > MAX_META:
+            raise corrupt(f"metadata block of {meta_length} bytes")
+        end += _META.size + meta_length
     if len(data) < end + _CRC.size:
         raise corrupt("header is cut short")
     (crc,) = _CRC.unpack_from(data, end)
@@ -93,10 +142,17 @@ def read_segment_header(data: bytes, *, name: str = "segment") -> SegmentHeader:
     if not 1 <= first <= last:
         raise corrupt(f"header range {first}..{last} is empty or starts below 1")
     try:
-        cluster_id = data[_FIXED.size : end].decode()
+        cluster_id = data[_FIXED.size : _FIXED.size + cid_length].decode()
     except UnicodeDecodeError:
         raise corrupt("cluster id is not UTF-8") from None
-    return SegmentHeader(version, first, last, cluster_id, end + _CRC.size)
+    horizons: dict[int, int] = {}
+    if version == COMPACTED:
+        try:
+            meta = msgpack.unpackb(data[meta_at + _META.size : end])
+            horizons = {int(i): int(h) for i, h in meta["horizons"]}
+        except (ValueError, TypeError, KeyError, msgpack.UnpackException):
+            raise corrupt("metadata block does not decode") from None
+    return SegmentHeader(version, first, last, cluster_id, end + _CRC.size, horizons)
 
 
 def decode_segment(
@@ -112,13 +168,26 @@ def decode_segment(
             "copied into the wrong place in the archive",
             key=name,
         )
-    scan = scan_records(data, header.size, header.first, 0, RECORD_VERSIONS[header.version])
+    return decode_with_header(data, header, name=name)
+
+
+def decode_with_header(data: bytes, header: SegmentHeader, *, name: str = "segment"
+                       ) -> list[Entry]:
+    """`decode_segment`'s checks after its header is read and its cluster id checked."""
+    scan = scan_records(data, header.size, header.first, 0, RECORD_VERSIONS[header.version],
+                        gaps=header.compacted)
     if scan.error is not None:
         raise ArchiveCorrupt(
             f"{name} is damaged at byte offset {scan.end} (after {len(scan.entries)} good "
             f"records): {scan.error}",
             key=name,
         )
+    if header.compacted:
+        if scan.entries and scan.entries[-1].index > header.last:
+            raise ArchiveCorrupt(
+                f"{name} keeps entry {scan.entries[-1].index}, beyond its range "
+                f"{header.first}..{header.last}", key=name)
+        return scan.entries
     expected = header.last - header.first + 1
     if len(scan.entries) != expected:
         raise ArchiveCorrupt(

@@ -161,9 +161,11 @@ class ScanResult:
 
 
 def scan_records(buf: bytes, start: int, first_index: int, keep_after: int,
-                 versions: frozenset[int] = RECORD_VERSIONS[VERSION]) -> ScanResult:
+                 versions: frozenset[int] = RECORD_VERSIONS[VERSION], *,
+                 gaps: bool = False) -> ScanResult:
     """Read records from `buf[start:]`, which must begin with index `first_index` and hold
-    records of the given `versions` only.
+    records of the given `versions` only. With `gaps` (a compacted archive segment), indexes
+    need only increase, from `first_index` on.
 
     Stops at the first byte range that is not a whole, valid record and says why. A short
     header, a length running past the end, a zero length or a checksum mismatch are what a torn
@@ -217,8 +219,11 @@ def scan_records(buf: bytes, start: int, first_index: int, keep_after: int,
             result.error = f"record has a valid checksum but is not a log entry ({exc})"
             break
         if index != expected:
-            result.error = f"record holds index {index} where index {expected} was expected"
-            break
+            if not gaps or not isinstance(index, int) or index < expected:
+                result.error = (f"record holds index {index} where index {expected} "
+                                f"{'or above ' if gaps else ''}was expected")
+                break
+            expected = index
         offsets.append(pos)
         if index > keep_after:
             kept.append(Entry(index, term, kinds.get(kind, kind), data, ts))

@@ -121,8 +121,8 @@ def test_invalid_manifests_are_corrupt(damage):
 
 def test_a_newer_format_version_says_which_flotilla_to_use():
     document = json.loads(manifest().to_json())
-    document["version"] = 2
-    with pytest.raises(ArchiveCorrupt, match="version 2"):
+    document["version"] = 3
+    with pytest.raises(ArchiveCorrupt, match="version 3"):
         Manifest.from_json(json.dumps(document).encode())
 
 

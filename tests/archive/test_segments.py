@@ -63,10 +63,10 @@ def test_a_record_of_the_other_version_inside_a_segment_is_refused(version):
 
 def test_a_segment_of_an_unknown_version_is_refused_naming_the_versions_read():
     encoded = bytearray(encode_segment("c1", entries(1, 2)))
-    encoded[8] = 3  # the version; the header checksum is recomputed below
+    encoded[8] = 4  # the version; the header checksum is recomputed below
     end = read_segment_header(bytes(encoded[:8]) + b"\x02" + bytes(encoded[9:])).size - 4
     encoded[end:end + 4] = struct.pack("<I", zlib.crc32(bytes(encoded[:end])))
-    with pytest.raises(ArchiveCorrupt, match="version 3, but this build reads versions 1, 2"):
+    with pytest.raises(ArchiveCorrupt, match="version 4, but this build reads versions 1, 2, 3"):
         decode_segment(bytes(encoded), name="seg")
 
 
