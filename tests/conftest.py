@@ -7,8 +7,15 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 from tests.simulation.test_random_schedules import SUMMARY_KEY
+
+# Speed is measured in benchmarks, never in tests: on a loaded 2-core machine one generated
+# example can take longer than Hypothesis's default 200 ms deadline, which says nothing
+# about correctness.
+settings.register_profile("flotilla", deadline=None)
+settings.load_profile("flotilla")
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
