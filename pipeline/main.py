@@ -12,6 +12,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from flotilla.pipeline.spark import PipelineError
 
@@ -31,6 +32,25 @@ def _time(text: str) -> int:
         return parse_time(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _duration(text: str) -> int:
+    from flotilla.pipeline.compact import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _ratio(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a ratio in (0, 1], like 0.5")
+    return value
 
 
 class _Parser(argparse.ArgumentParser):
@@ -81,6 +101,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--to-cluster-id", default=None, help="the new cluster's id")
     p.add_argument("--dry-run", action="store_true",
                    help="print the plan (base snapshot, segments, bytes) and stop")
+
+    p = jobs.add_parser("compact", parents=[common],
+                        help="Kafka-style log compaction of the archived history",
+                        description="Keep the last effective change of each key in the "
+                                    "archived entries older than --min-compaction-lag (in log "
+                                    "time), and delete markers for --delete-retention; the "
+                                    "newer head stays whole and restorable.")
+    p.add_argument("--min-compaction-lag", type=_duration, default=0, metavar="DUR",
+                   help="entries younger than this, behind the newest archived one, are never "
+                        "cleaned (default 0s)")
+    p.add_argument("--delete-retention", type=_duration, default=24 * 3600 * 1000,
+                   metavar="DUR",
+                   help="how long a delete marker stays after the pass that first cleans it "
+                        "(default 24h)")
+    p.add_argument("--min-cleanable-dirty-ratio", type=_ratio, default=0.5, metavar="R",
+                   help="clean only when the dirty bytes are at least R of the compacted and "
+                        "dirty bytes (default 0.5)")
+    p.add_argument("--max-compaction-lag", type=_duration, default=None, metavar="DUR",
+                   help="clean whatever the ratio once the oldest dirty entry is this old "
+                        "(default: never forced)")
+    p.add_argument("--sequential", action="store_true",
+                   help="find the effective changes by replaying the entries in one process "
+                        "(the node's own machine) instead of Spark's parallel fold")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print what a pass would clean, and stop")
     return parser
 
 
@@ -161,7 +206,33 @@ def _run(args: argparse.Namespace) -> str:
         finally:
             spark.stop()
         return result.to_json()
+    if args.job == "compact":
+        return _compact(args, ref)
     raise PipelineError(f"unknown job {args.job!r}", EXIT_USAGE)
+
+
+def _compact(args: argparse.Namespace, ref: Any) -> str:
+    from flotilla.pipeline import compact as job
+    from flotilla.pipeline.snapshot_at import state_at
+    from flotilla.pipeline.spark import spark_session
+
+    try:
+        policy = job.CompactionPolicy(args.min_compaction_lag, args.delete_retention,
+                                      args.min_cleanable_dirty_ratio, args.max_compaction_lag)
+    except ValueError as exc:
+        raise PipelineError(str(exc), EXIT_USAGE) from None
+    changes = job.last_changes_by_replay if args.sequential else job.last_changes_by_fold
+    cluster_id, plan = job.compact(None, ref, policy, last_changes=changes,
+                                   synthesize=state_at, dry_run=True)
+    if args.dry_run or isinstance(plan, job.Skip):
+        return job.describe(cluster_id, plan)
+    spark = spark_session(args.master)
+    try:
+        _, result = job.compact(spark, ref, policy, last_changes=changes, synthesize=state_at)
+    finally:
+        spark.stop()
+    return result.to_json() if isinstance(result, job.CompactionResult) else job.describe(
+        cluster_id, result)
 
 
 if __name__ == "__main__":

@@ -83,7 +83,7 @@ from .source import (
 )
 from .spark import PipelineError
 
-__all__ = ["SnapshotAtResult", "plan_snapshot_at", "snapshot_at"]
+__all__ = ["SnapshotAtResult", "plan_snapshot_at", "snapshot_at", "state_at"]
 
 
 
@@ -226,13 +226,9 @@ def snapshot_at(spark: Any, ref: ArchiveRef, index: int | None = None, *,
     ref, plan, target = job.ref, job.plan, job.target
     archive = open_archive(ref.url, endpoint=ref.s3_endpoint, region=ref.s3_region)
     try:
-        cluster = ClusterArchive(archive, ref.cluster_id)
         with tempfile.TemporaryDirectory(prefix="flotilla-snapshot-at-") as work:
             if job.folds:
-                base_meta, base = _read_base(cluster, plan, Path(work))
-                ops = _ops(spark, ref, plan, tasks, base)
-                meta = _meta_at(ops, plan, base_meta)
-                path = _synthesize(spark, ref, plan, ops, meta, base, Path(work))
+                path, meta = state_at(spark, ref, plan, Path(work), tasks)
             else:
                 path, meta = replay_snapshot(spark, ref, plan, job.machine, Path(work))
             out = ClusterArchive(archive, target)
@@ -254,6 +250,16 @@ def snapshot_at(spark: Any, ref: ArchiveRef, index: int | None = None, *,
         raise PipelineError(f"cannot read {ref.url}: {exc}") from None
     finally:
         archive.close()
+
+
+def state_at(spark: Any, ref: ArchiveRef, plan: RestorePlan, work: Path,
+             tasks: int | None = None) -> tuple[Path, SnapshotMeta]:
+    """The key-value machine's snapshot at `plan.index`, folded by Spark into a file under
+    `work`, and its metadata (`compact` takes its cleanable point's snapshot from here)."""
+    base_meta, base = _read_base(cluster_archive(ref), plan, work)
+    ops = _ops(spark, ref, plan, tasks, base)
+    meta = _meta_at(ops, plan, base_meta)
+    return _synthesize(spark, ref, plan, ops, meta, base, work), meta
 
 
 def _describe(plan: RestorePlan) -> dict[str, Any]:

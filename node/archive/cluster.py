@@ -34,10 +34,12 @@ from flotilla.node.storage.snapshots import PayloadReader
 
 from .errors import ArchiveConflict, ArchiveCorrupt, ArchiveError, ArchiveNotFound
 from .layout import (
+    COMPACTED,
     MANIFESTS,
     SEGMENTS,
     SNAPSHOTS,
     check_cluster_id,
+    compacted_key,
     manifest_key,
     parse_manifest_key,
     parse_segment_key,
@@ -48,7 +50,14 @@ from .layout import (
 from .manifest import Manifest, SegmentRecord, SnapshotRecord, known_time
 from .protocol import Archive, ObjectInfo
 from .restore import PreparedRestore, RestorePlan, plan_candidates, prepare_restore, replay
-from .segments import decode_segment, encode_segment
+from .segments import (
+    SegmentHeader,
+    decode_segment,
+    decode_with_header,
+    encode_compacted,
+    encode_segment,
+    read_segment_header,
+)
 from .timeindex import locate
 
 log = logging.getLogger(__name__)
@@ -478,10 +487,87 @@ class ClusterArchive:
         return meta
 
     def read_segment(self, segment: SegmentRecord) -> list[Entry]:
-        """The entries of one archived segment, verified (SHA-256 and every record CRC)."""
+        """The entries of one archived segment, verified (SHA-256 and every record CRC); of a
+        compacted one, the entries it keeps."""
+        if segment.compacted:
+            return self.read_compacted(segment)[1]
         name = self.location(segment)
         data = self.archive.get_bytes(self._full(segment.key), expected_sha256=segment.sha256)
         return self._decode(data, segment, name)
+
+    def read_compacted(self, segment: SegmentRecord) -> tuple[SegmentHeader, list[Entry]]:
+        """A compacted segment's header (its delete horizons) and kept entries, verified."""
+        name = self.location(segment)
+        data = self.archive.get_bytes(self._full(segment.key), expected_sha256=segment.sha256)
+        header = read_segment_header(data, name=name)
+        if (not header.compacted or header.cluster_id != self.cluster_id
+                or (header.first, header.last) != (segment.first, segment.last)):
+            raise ArchiveCorrupt(
+                f"{name} is not the compacted segment {segment.first}..{segment.last} of "
+                f"cluster {self.cluster_id!r} the manifest names", key=name)
+        entries = decode_with_header(data, header, name=name)
+        if segment.entries is not None and len(entries) != segment.entries:
+            raise ArchiveCorrupt(f"{name} keeps {len(entries)} entries, not {segment.entries} "
+                                 "as the manifest says", key=name)
+        return header, entries
+
+    # --- compaction ---------------------------------------------------------------------------
+
+    def upload_compacted(self, first: int, last: int, through: int, entries: Sequence[Entry],
+                         horizons: dict[int, int], times: tuple[int | None, int | None]
+                         ) -> SegmentRecord:
+        """Write a compacted segment (create-only) for the pass that cleans through `through`;
+        not pending: the compaction's own manifest references it. An object already there
+        with the same bytes (a rerun of the same pass) is taken as it is."""
+        data = encode_compacted(self.cluster_id, first, last, entries, horizons)
+        key = compacted_key(first, last, through)
+        try:
+            info = self.archive.put_bytes(self._full(key), data)
+        except ArchiveConflict:
+            found = self.archive.get_bytes(self._full(key))
+            if found != data:
+                raise ArchiveConflict(
+                    f"{self.archive.url_for(self._full(key))} already exists with other "
+                    "content: another compaction of this cluster ran with different settings; "
+                    "run one compaction at a time") from None
+            info = ObjectInfo(key, len(data), hashlib.sha256(data).hexdigest())
+        return SegmentRecord(first, last, key, info.size, info.sha256 or "", times[0],
+                             times[1], compacted=True, entries=len(entries))
+
+    def publish_built(self, build: Callable[[Manifest], Manifest | None],
+                      attempts: int = 20) -> Manifest | None:
+        """Publish `build(newest manifest)` as the next manifest (create-only); when another
+        writer (the archiving leader) publishes first, build again on theirs. `build` returns
+        None to give up. Raises ArchiveConflict after `attempts` lost races."""
+        with self._publish_lock:
+            for _ in range(attempts):
+                current = self.manifest()
+                if current is None:
+                    raise ArchiveNotFound(f"{self.url} has no manifest")
+                built = build(current)
+                if built is None:
+                    return None
+                seq = max(current.seq, self._highest_seq) + 1
+                candidate = Manifest.create(
+                    self.cluster_id, seq, self._now(), built.snapshots, built.segments,
+                    built.retention_floor, built.cleaned_through, built.log_start)
+                try:
+                    self._write_manifest(candidate)
+                except ArchiveConflict as exc:
+                    log.info("%s; building on the newer manifest", exc)
+                    continue
+                return candidate
+        raise ArchiveConflict(f"could not publish to {self.url}: other writers published "
+                              f"{attempts} times in a row meanwhile")
+
+    def delete_objects(self, keys: Iterable[str]) -> None:
+        for key in keys:
+            self.archive.delete(self._full(key))
+
+    def compacted_keys(self) -> list[str]:
+        """Every compacted segment object under this cluster, referenced or not."""
+        return [full[len(self.cluster_id) + 1:]
+                for full in self.archive.list_keys(self._full(COMPACTED))]
 
     def _decode(self, data: bytes, segment: SegmentRecord, name: str) -> list[Entry]:
         entries = decode_segment(data, name=name, cluster_id=self.cluster_id)
