@@ -3,7 +3,8 @@
 Replaying entries one by one through `KVStateMachine` is the definition of the state (and the
 oracle in tests). This module computes the same snapshot payload, byte for byte, from steps
 that each need only part of the log, so Spark can spread them over many cores. `synthesize`
-runs them in one process, in the order Spark runs its stages, with the same functions:
+runs them in one process, in the order Spark runs its stages, with the same functions
+(`changes` does the same for the effective changes):
 
 1. **decode** every normal entry (`decode_fields`): independent per entry.
 2. **clock**: the machine's clock after an entry is the running maximum of `ts` over every
@@ -15,7 +16,9 @@ runs them in one process, in the order Spark runs its stages, with the same func
    keys. The result is the indexes it skipped and a sketch of the final session, whose
    recorded results are still named by the index that produced them.
 4. **keys, per key** (`fold_keys`): the applied commands in index order, from the base entry:
-   the final record, and the result of each command whose client's session records it.
+   the final record, and the result of each command whose client's session records it. Or,
+   from the same rows, each *effective* change (`fold_changes`: what export and compaction
+   take from the log).
 5. **assemble** (`assemble_payload`): key records in code-point order, sessions with their
    results filled in and expired ones dropped at the final clock, the header.
 
@@ -49,16 +52,24 @@ from flotilla.node.statemachine.kv import (
 from flotilla.node.statemachine.sessions import Session, snapshot_order
 
 __all__ = [
+    "CREATED",
+    "DELETED",
     "OP_BASE",
     "OP_DELETE",
     "OP_PUT",
+    "READ",
+    "UPDATED",
     "BaseState",
+    "Change",
     "ClientFold",
     "Fields",
+    "KeyRow",
     "SessionSketch",
     "assemble_payload",
+    "changes",
     "decode_fields",
     "finish_session",
+    "fold_changes",
     "fold_client",
     "fold_clients",
     "fold_keys",
@@ -72,6 +83,14 @@ KeyEntry = tuple[str, bytes, int]  # (key, value, mod_index): the snapshot's key
 OP_PUT, OP_DELETE, OP_BASE = 0, 1, 2  # a put (or compare-and-set), a delete, a base entry
 # A decoded command: (op, key, value, prev_index, client, seq, ts), key and client as UTF-8.
 Fields = tuple[int, bytes, bytes, int | None, bytes | None, int | None, int]
+# What the key fold takes: (key as UTF-8, index, op, value, prev_index); see `fold_keys`.
+KeyRow = tuple[bytes, int, int, bytes | None, int | None]
+# An effective change: (key as UTF-8, index, op, before, after), op one of the four below,
+# before and after the key's value (None: absent).
+Change = tuple[bytes, int, str, bytes | None, bytes | None]
+# Debezium's op codes: a put on an absent key, a put on a present key (the same value still
+# moves the mod index), a delete that removed the key, and a key as a snapshot holds it.
+CREATED, UPDATED, DELETED, READ = "c", "u", "d", "r"
 
 
 def key_bytes(key: str) -> bytes:
@@ -219,9 +238,8 @@ def fold_clients(rows: Iterable[tuple[bytes, int, int, int]], base: Mapping[str,
         yield name, fold_client(name, base.get(name), commands, ttl_ms, window)
 
 
-def fold_keys(rows: Iterable[tuple[bytes, int, int, bytes | None, int | None]],
-              wanted: frozenset[int] | set[int], results: dict[int, dict[str, Any]]
-              ) -> Iterator[bytes]:
+def fold_keys(rows: Iterable[KeyRow], wanted: frozenset[int] | set[int],
+              results: dict[int, dict[str, Any]]) -> Iterator[bytes]:
     """Apply each key's applied commands, in index order, to its base entry. `rows` are
     (key as UTF-8, index, op, value, prev_index) sorted by key, then index, where op is
     OP_PUT, OP_DELETE, or OP_BASE for a base snapshot's entry (index: its mod index, below
@@ -256,6 +274,47 @@ def fold_keys(rows: Iterable[tuple[bytes, int, int, bytes | None, int | None]],
         yield pack((key_text(current), value, mod))  # type: ignore[arg-type]
 
 
+def fold_changes(rows: Iterable[KeyRow], since: int = 0,
+                 read_at: int | None = None) -> Iterator[Change]:
+    """Each effective change of `rows`, the rows `fold_keys` takes (sorted by key, then index;
+    OP_BASE rows carry the state before the range; commands answered from a session already
+    left out), yielded in that order as (key, index, op, before, after):
+
+    - CREATED: a put or a compare-and-set that took effect on an absent key (before None);
+    - UPDATED: one on a present key, the same value included (the mod index moves);
+    - DELETED: a delete that removed a present key (after None);
+    - READ: with `read_at`, each base row, as (key, read_at, READ, None, value): the state
+      before the range as a snapshot holds it (Debezium's snapshot read).
+
+    A compare-and-set that missed (prev_index given and not the key's mod index) and a delete
+    of an absent key change nothing and yield nothing. Rows at or below index `since` change
+    the state the later ones see but yield nothing (nor does READ unless `read_at > since`):
+    the state up to `since` comes from the same rows, only the changes after it are wanted."""
+    current: bytes | None = None
+    mod = 0  # the key's mod index; 0 while it is absent
+    value: bytes | None = None  # its value; None while it is absent
+    reads = read_at is not None and read_at > since
+    for key, index, op, data, prev in rows:
+        if key != current:
+            current, mod, value = key, 0, None
+        if op == OP_PUT:
+            if prev is not None and prev != mod:
+                continue
+            if index > since:
+                yield key, index, CREATED if value is None else UPDATED, value, data
+            mod, value = index, data
+        elif op == OP_DELETE:
+            if value is None:
+                continue
+            if index > since:
+                yield key, index, DELETED, value, None
+            mod, value = 0, None
+        else:
+            mod, value = index, data
+            if reads:
+                yield key, read_at, READ, None, data  # type: ignore[misc]
+
+
 def finish_session(sketch: SessionSketch, results: Mapping[int, dict[str, Any]]) -> Session:
     return Session(sketch.client, sketch.last_seq, sketch.last_active,
                    tuple((seq, results[r] if isinstance(r, int) else r)
@@ -285,9 +344,38 @@ def synthesize(base: BaseState, base_keys: Iterable[KeyEntry],
     machine that restored `base` (keys `base_keys`) and applied the normal `entries`
     ((index, command), ascending)."""
     ttl, window = base.session_ttl_ms, base.session_window
+    rows, folds, clock = _applied_rows(base, base_keys, entries)
+    wanted = {i for f in folds.values() if f.session is not None
+              for _, i in f.session.recorded if isinstance(i, int)}
+    results: dict[int, dict[str, Any]] = {}
+    records = list(fold_keys(rows, wanted, results))
+
+    sessions = [finish_session(f.session, results) for f in folds.values()
+                if f.session is not None]
+    sessions += [s for c, s in (base.sessions or {}).items() if c not in folds]
+    assemble_payload(
+        stream, applied_index=entries[-1][0] if entries else base.applied_index,
+        clock=clock, ttl_ms=ttl, window=window, key_count=len(records),
+        key_records=records, sessions=sessions)
+
+
+def changes(base: BaseState, base_keys: Iterable[KeyEntry], entries: Sequence[tuple[int, bytes]],
+            since: int = 0, read_at: int | None = None) -> list[Change]:
+    """The effective changes (`fold_changes`) of the normal `entries` ((index, command),
+    ascending) applied to the machine that restored `base` (keys `base_keys`), in one process
+    with the functions Spark's stages run, in log order (READ rows first, by key)."""
+    rows, _, _ = _applied_rows(base, base_keys, entries)
+    return sorted(fold_changes(rows, since, read_at), key=_index_then_key)
+
+
+def _applied_rows(base: BaseState, base_keys: Iterable[KeyEntry],
+                  entries: Sequence[tuple[int, bytes]]
+                  ) -> tuple[list[KeyRow], dict[str, ClientFold], int]:
+    """Decode, clock and sessions: the key fold's rows (the base entries and the commands not
+    answered from a session, by key then index), each client's fold, and the final clock."""
     clock = base.clock
     by_client: list[tuple[bytes, int, int, int]] = []
-    by_key: list[tuple[bytes, int, int, bytes | None, int | None]] = []
+    by_key: list[KeyRow] = []
     for index, data in entries:
         fields = decode_fields(data)
         if fields is None:
@@ -298,25 +386,17 @@ def synthesize(base: BaseState, base_keys: Iterable[KeyEntry],
             by_client.append((client, index, seq, clock))  # type: ignore[arg-type]
         by_key.append((key, index, op, value, prev))
 
-    base_sessions = dict(base.sessions or {})
-    folds = dict(fold_clients(sorted(by_client), base_sessions, ttl, window))
+    folds = dict(fold_clients(sorted(by_client), dict(base.sessions or {}),
+                              base.session_ttl_ms, base.session_window))
     skipped = {i for f in folds.values() for i in f.skipped}
-    wanted = {i for f in folds.values() if f.session is not None
-              for _, i in f.session.recorded if isinstance(i, int)}
-
     rows = [row for row in by_key if row[1] not in skipped]
     rows += [(key_bytes(key), mod, OP_BASE, value, None) for key, value, mod in base_keys]
     rows.sort(key=_key_then_index)
-    results: dict[int, dict[str, Any]] = {}
-    records = list(fold_keys(rows, wanted, results))
+    return rows, folds, clock
 
-    sessions = [finish_session(f.session, results) for f in folds.values()
-                if f.session is not None]
-    sessions += [s for c, s in base_sessions.items() if c not in folds]
-    assemble_payload(
-        stream, applied_index=entries[-1][0] if entries else base.applied_index,
-        clock=clock, ttl_ms=ttl, window=window, key_count=len(records),
-        key_records=records, sessions=sessions)
+
+def _index_then_key(change: Change) -> tuple[int, bytes]:
+    return change[1], change[0]
 
 
 def _key_then_index(row: tuple[Any, ...]) -> tuple[bytes, int]:

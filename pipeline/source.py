@@ -6,7 +6,8 @@ archive client (one client per Python worker, kept for the worker's life: buildi
 client costs more than reading a segment), verifies them whole (SHA-256 against the manifest,
 every record's CRC, the index range), decodes the key-value commands and hands Spark blobs:
 Arrow batches of a few thousand rows, serialized, for the stage and the task that will fold
-them. Nothing unverified enters Spark.
+them (and, for export, the entries themselves, for the task that writes their slice of the
+log). Nothing unverified enters Spark.
 """
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ from flotilla.node.archive import ClusterArchive, open_archive
 from flotilla.node.archive.manifest import SegmentRecord
 from flotilla.node.consensus import EntryKind
 
-from .kvfold import OP_DELETE, OP_PUT, decode_fields, key_bytes, key_text
+from .kvfold import OP_DELETE, OP_PUT, Fields, decode_fields, key_bytes, key_text
 
-__all__ = ["DECODED", "KEYS", "KEY_ROWS", "SESSIONS", "SESSION_ROWS", "ArchiveRef",
-           "PartStats", "arrow_schema", "decode_segments", "from_blob", "key_bytes", "key_text",
-           "paused_gc", "to_blob"]
+__all__ = ["DECODED", "ENTRIES", "ENTRY_ROWS", "KEYS", "KEY_ROWS", "SESSIONS", "SESSION_ROWS",
+           "TIMED_KEY_ROWS", "ArchiveRef", "Audit", "PartStats", "arrow_schema",
+           "decode_segments", "from_blob", "key_bytes", "key_text", "paused_gc", "to_blob"]
 
 PUT, DELETE, BAD = OP_PUT, OP_DELETE, -1
 
@@ -44,6 +45,14 @@ SESSION_ROWS = "client binary, index long, seq long, run long, part int"
 # What the key stage folds: a command (op OP_PUT or OP_DELETE) or a base entry (OP_BASE,
 # index: its mod index).
 KEY_ROWS = "key binary, index long, op byte, value binary, prev_index long"
+# The same with the term and time of the command's entry (null for a base entry), for the
+# changes' rows: only when asked (`Audit`), so that snapshot-at moves no more bytes.
+TIMED_KEY_ROWS = f"{KEY_ROWS}, term long, ts_ms long"
+ENTRIES = 3  # dest: a slice of indexes (`Audit`); blob: an Arrow batch of ENTRY_ROWS
+# Every entry as the log holds it (kind: EntryKind; data: its bytes), with what its command
+# decodes to (op OP_PUT or OP_DELETE; null when it is not a normal entry or does not decode).
+ENTRY_ROWS = ("index long, term long, ts_ms long, kind byte, data binary, op byte, "
+              "key binary, prev_index long, client binary, seq long")
 # Rows per blob at most: the JVM keeps a blob in one array, and arrays above half a region of
 # its garbage collector (512 KB in a 1 GB heap) are allocated apart and trigger collections.
 FLUSH_ENTRIES = 2048
@@ -70,6 +79,20 @@ class PartStats:
         part, run, last_normal, target, memberships = msgpack.unpackb(data)
         return cls(part, run, last_normal, None if target is None else tuple(target),
                    tuple((i, d) for i, d in memberships))
+
+
+@dataclass(frozen=True, slots=True)
+class Audit:
+    """What export asks of the decode stage besides the folds' rows: key rows carry their
+    entry's term and time (TIMED_KEY_ROWS), and every entry above `since` goes out as
+    ENTRY_ROWS to the slice of its index (dest `slice_of(index)`)."""
+
+    since: int
+    slice_entries: int  # indexes per slice
+    first_slice: int = 0  # the slice numbered dest 0
+
+    def slice_of(self, index: int) -> int:
+        return (index - 1) // self.slice_entries - self.first_slice
 
 
 def to_blob(batch: Any) -> bytes:
@@ -119,14 +142,18 @@ def paused_gc(batches: Iterator[Any]) -> Iterator[Any]:
 
 def decode_segments(ref: ArchiveRef, upto: int, segments: Sequence[SegmentRecord],
                     report: Callable[[PartStats], None], above: int = 0, part: int = 0,
-                    buckets: int = 1, bounds: Sequence[bytes] = ()) -> Iterator[Any]:
+                    buckets: int = 1, bounds: Sequence[bytes] = (),
+                    audit: Audit | None = None) -> Iterator[Any]:
     """The entries above index `above` and up to `upto` of `segments` (consecutive, possibly
     overlapping: an index is taken once), decoded, as Arrow batches of DECODED: session rows
     in `buckets` buckets of clients, key rows in the ranges `bounds` cut (range r holds the
-    keys k with bounds[r - 1] <= k < bounds[r]). The part's stats go to `report` at the end."""
+    keys k with bounds[r - 1] <= k < bounds[r]), and with `audit` the entries' rows too. The
+    part's stats go to `report` at the end."""
     import pyarrow as pa
 
-    session_schema, key_schema = arrow_schema(SESSION_ROWS), arrow_schema(KEY_ROWS)
+    session_schema = arrow_schema(SESSION_ROWS)
+    key_schema = arrow_schema(KEY_ROWS if audit is None else TIMED_KEY_ROWS)
+    entry_schema = arrow_schema(ENTRY_ROWS)
     decoded = arrow_schema(DECODED)
     archive = cluster_archive(ref)
     normal, membership = int(EntryKind.NORMAL), int(EntryKind.MEMBERSHIP)
@@ -134,15 +161,19 @@ def decode_segments(ref: ArchiveRef, upto: int, segments: Sequence[SegmentRecord
     last_normal: int | None = None
     target: tuple[int, int] | None = None
     memberships: list[tuple[int, bytes]] = []
-    ranges: list[list[list[Any]]] = [[[] for _ in range(5)] for _ in range(len(bounds) + 1)]
+    ranges: list[list[list[Any]]] = [[[] for _ in key_schema] for _ in range(len(bounds) + 1)]
     sessions: list[list[list[Any]]] = [[[] for _ in range(4)] for _ in range(buckets)]
+    logged: dict[int, list[list[Any]]] = {}  # by slice
+    since = audit.since if audit is not None else upto
+    timed = audit is not None
     parts = [part]
 
     def flush() -> Any:
         kinds, dests, blobs = [], [], []
-        for kind, schema, groups in ((KEYS, key_schema, ranges),
-                                     (SESSIONS, session_schema, sessions)):
-            for dest, columns in enumerate(groups):
+        for kind, schema, groups in ((KEYS, key_schema, enumerate(ranges)),
+                                     (SESSIONS, session_schema, enumerate(sessions)),
+                                     (ENTRIES, entry_schema, logged.items())):
+            for dest, columns in groups:
                 if not columns[0]:
                     continue
                 arrays = [pa.array(c, type=f.type) for c, f in zip(columns, schema,
@@ -157,6 +188,22 @@ def decode_segments(ref: ArchiveRef, upto: int, segments: Sequence[SegmentRecord
         return pa.RecordBatch.from_arrays(
             [pa.array(kinds, pa.int8()), pa.array(dests, pa.int32()),
              pa.array(blobs, pa.binary())], schema=decoded)
+
+    def log(entry: Any, fields: Fields | None) -> None:
+        dest = audit.slice_of(entry.index)  # type: ignore[union-attr]
+        columns = logged.get(dest)
+        if columns is None:
+            columns = logged[dest] = [[] for _ in entry_schema]
+        for column, value in zip(columns, (entry.index, entry.term, entry.ts_ms, entry.kind,
+                                           entry.data), strict=False):
+            column.append(value)
+        if fields is None:
+            for column in columns[5:]:
+                column.append(None)
+        else:
+            code, key, _, prev, client, seq, _ = fields
+            for column, value in zip(columns[5:], (code, key, prev, client, seq), strict=True):
+                column.append(value)
 
     pending = 0
     for record in segments:
@@ -174,9 +221,15 @@ def decode_segments(ref: ArchiveRef, upto: int, segments: Sequence[SegmentRecord
             if entry.kind != normal:
                 if entry.kind == membership:
                     memberships.append((i, entry.data))
+                if i > since:
+                    log(entry, None)
+                    pending += 1
                 continue
             last_normal = i
             fields = decode_fields(entry.data)
+            if i > since:
+                log(entry, fields)
+                pending += 1
             if fields is None:
                 continue
             code, key, value, prev, client, seq, ts = fields
@@ -186,6 +239,9 @@ def decode_segments(ref: ArchiveRef, upto: int, segments: Sequence[SegmentRecord
             columns[2].append(code)
             columns[3].append(value)
             columns[4].append(prev)
+            if timed:
+                columns[5].append(entry.term)
+                columns[6].append(entry.ts_ms)
             if ts > run:
                 run = ts
             if client is not None:
@@ -195,7 +251,7 @@ def decode_segments(ref: ArchiveRef, upto: int, segments: Sequence[SegmentRecord
                 columns[2].append(seq)
                 columns[3].append(run)
             pending += 1
-            if pending == FLUSH_ENTRIES:
+            if pending >= FLUSH_ENTRIES:
                 yield flush()
                 pending = 0
         if last >= upto:

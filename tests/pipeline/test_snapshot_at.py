@@ -342,7 +342,7 @@ def test_spark_submit_runs_the_job_file_on_the_master_it_was_given(tmp_path):
 
 def test_every_destination_lands_in_its_own_partition(spark):
     # The stages rely on Spark's hash partitioning being pmod(hash(c), n) for their labels.
-    from flotilla.pipeline.snapshot_at import _exactly, spark_hash_int
+    from flotilla.pipeline.stages import exactly, spark_hash_int
     from pyspark.sql import functions as F
 
     ints = spark.range(-300, 300).select(F.col("id").cast("int").alias("i"))
@@ -350,5 +350,5 @@ def test_every_destination_lands_in_its_own_partition(spark):
                for i, h in ints.select("i", F.hash("i")).collect())
     for count in (1, 2, 3, 7, 16):
         rows = spark.range(5 * count).select((F.col("id") % count).cast("int").alias("dest"))
-        placed = _exactly(rows, count).select("dest", F.spark_partition_id()).collect()
+        placed = exactly(rows, count).select("dest", F.spark_partition_id()).collect()
         assert all(dest == partition for dest, partition in placed)
