@@ -345,6 +345,59 @@ def _write(cluster: ClusterArchive, group: list[_Range], through: int) -> Segmen
                                     (group[0].times[0], group[-1].times[1]))
 
 
+def last_changes_by_fold(spark: Any, ref: ArchiveRef,
+                         plan: RestorePlan) -> dict[bytes, tuple[int, int]]:
+    """The last effective change of each key after the plan's base, by Spark: snapshot-at's
+    decode and sessions stages, then a key stage that runs `kvfold.fold_changes` over each
+    range of keys and hands back only each key's last change."""
+    from .kvfold import fold_changes
+    from .source import KEY_ROWS, arrow_schema, cluster_archive, paused_gc
+    from .stages import (
+        decode,
+        fold_sessions,
+        key_inputs,
+        range_tables,
+        read_base,
+        release,
+        table_rows,
+        unchecked_shuffles,
+    )
+
+    with tempfile.TemporaryDirectory(prefix="flotilla-compact-") as work:
+        _, base = read_base(cluster_archive(ref), plan, Path(work))
+        with unchecked_shuffles(spark):
+            ops = decode(spark, ref, plan, base, job="compact")
+            try:
+                sessions = fold_sessions(spark, ops, base, "compact")
+                skipped, since = sessions.skipped, plan.base_index
+
+                def fold(batches: Any) -> Any:
+                    import pyarrow as pa
+
+                    for _, table in range_tables(batches, arrow_schema(KEY_ROWS),
+                                                 skipped.value):
+                        last: dict[bytes, tuple[int, int]] = {}
+                        for key, index, _op, _, after in fold_changes(table_rows(table), since):
+                            last[key] = (index, OP_DELETE if after is None else 0)
+                        yield pa.RecordBatch.from_arrays(
+                            [pa.array(list(last), pa.binary()),
+                             pa.array([i for i, _ in last.values()], pa.int64()),
+                             pa.array([o for _, o in last.values()], pa.int8())],
+                            names=["key", "index", "op"])
+
+                frame = key_inputs(spark, ref, plan, ops, base).mapInArrow(
+                    lambda batches: paused_gc(fold(batches)), "key binary, index long, op byte")
+                spark.sparkContext.setJobDescription("compact: keys")
+                found = frame.toArrow()
+                spark.sparkContext.setJobDescription(None)
+                sessions.skipped.unpersist()
+            finally:
+                release(ops.frame)
+    return dict(zip(found.column("key").to_pylist(),
+                    zip(found.column("index").to_pylist(), found.column("op").to_pylist(),
+                        strict=True), strict=True))
+
+
 def last_changes_by_replay(spark: Any, ref: ArchiveRef,
                            plan: RestorePlan) -> dict[bytes, tuple[int, int]]:
     """The last effective change of each key, by the node's own machine, one entry at a time

@@ -116,8 +116,11 @@ class ClusterArchive:
     def manifest(self) -> Manifest | None:
         """The newest readable manifest (None if nothing was ever published), read afresh.
 
-        A damaged newest manifest is skipped with a WARNING for the one before it; if every
-        manifest is damaged this raises ArchiveCorrupt."""
+        A newest manifest that does not read is read again a few times first: another writer
+        may be finishing it (a file archive records an object's checksum just after the object
+        appears), and a writer that skipped it would publish the next manifest without what it
+        added. A damaged one is then skipped with a WARNING for the one before it (its seq is
+        never reused); if every manifest is damaged this raises ArchiveCorrupt."""
         seqs = sorted(
             (seq for key in self.archive.list_keys(self._full(MANIFESTS))
              if (seq := parse_manifest_key(key[len(self.cluster_id) + 1:])) is not None),
@@ -128,7 +131,7 @@ class ClusterArchive:
         for seq in seqs:
             name = self.archive.url_for(self._full(manifest_key(seq)))
             try:
-                found = self._read_manifest(seq, name)
+                found = self._read_manifest_settled(seq, name, retry=not failures)
                 break
             except ArchiveCorrupt as exc:
                 log.warning("%s; falling back to the manifest before it", exc)
@@ -148,6 +151,14 @@ class ClusterArchive:
                 key=failures[0].key,
             )
         return found
+
+    def _read_manifest_settled(self, seq: int, name: str, *, retry: bool) -> Manifest:
+        for delay in (0.01, 0.03, 0.1, 0.3) if retry else ():
+            try:
+                return self._read_manifest(seq, name)
+            except ArchiveCorrupt:
+                time.sleep(delay)
+        return self._read_manifest(seq, name)
 
     def _read_manifest(self, seq: int, name: str) -> Manifest:
         data = self.archive.get_bytes(self._full(manifest_key(seq)))
