@@ -24,13 +24,26 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Its Python workers fork from a daemon that keeps the environment of the moment Spark
+    starts, so the emulators' dummy AWS credentials go in first: tests reading moto_server
+    through Spark then work whichever test started it."""
     pytest.importorskip("pyspark", reason="the pipeline extra is not installed: "
                         "pip install 'flotilla[pipeline]'")
     from flotilla.pipeline.spark import spark_session
 
-    session = spark_session("local[2]", app="flotilla-tests")
-    try:
-        yield session
-    finally:
-        session.stop()
+    from tests.archive.stores import aws_environment
+    from tests.archive_node.support import REGION
+
+    env = {**aws_environment(tmp_path_factory.mktemp("spark-aws")),
+           "AWS_DEFAULT_REGION": REGION}
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in env.items():
+            patch.setenv(name, value)
+        patch.delenv("AWS_PROFILE", raising=False)
+        patch.delenv("AWS_SESSION_TOKEN", raising=False)
+        session = spark_session("local[2]", app="flotilla-tests")
+        try:
+            yield session
+        finally:
+            session.stop()
