@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -546,30 +547,50 @@ class ClusterArchive:
                              times[1], compacted=True, entries=len(entries))
 
     def publish_built(self, build: Callable[[Manifest], Manifest | None],
-                      attempts: int = 20) -> Manifest | None:
+                      budget_s: float = 120.0) -> Manifest | None:
         """Publish `build(newest manifest)` as the next manifest (create-only); when another
-        writer (the archiving leader) publishes first, build again on theirs. `build` returns
-        None to give up. Raises ArchiveConflict after `attempts` lost races."""
+        writer (the archiving leader) publishes that seq first, read theirs and build again
+        on it. `build` returns None to give up. Raises ArchiveConflict when it has lost every
+        race for `budget_s` seconds.
+
+        Losing over and over to a leader that publishes several times a second is the risk:
+        after the first listing, each attempt reads the manifest that won (by its seq, no
+        listing) and tries the next seq at once, and waits a little, at random, only after a
+        few losses in a row (a leader publishes in bursts, one per archiving round)."""
+        deadline = time.monotonic() + budget_s
+        rng = random.Random()
         with self._publish_lock:
-            for _ in range(attempts):
-                current = self.manifest()
+            current = self.manifest()
+            losses = 0
+            while True:
                 if current is None:
                     raise ArchiveNotFound(f"{self.url} has no manifest")
                 built = build(current)
                 if built is None:
                     return None
-                seq = max(current.seq, self._highest_seq) + 1
+                seq = max(current.seq, self._highest_seq) + 1  # a damaged one is skipped
                 candidate = Manifest.create(
                     self.cluster_id, seq, self._now(), built.snapshots, built.segments,
                     built.retention_floor, built.cleaned_through, built.log_start)
                 try:
                     self._write_manifest(candidate)
+                    return candidate
                 except ArchiveConflict as exc:
-                    log.info("%s; building on the newer manifest", exc)
+                    losses += 1
+                    log.info("%s; building on it", exc)
+                if time.monotonic() > deadline:
+                    raise ArchiveConflict(
+                        f"could not publish to {self.url}: other writers published first "
+                        f"{losses} times in a row over {budget_s:.0f} s")
+                if losses % 4 == 0:
+                    time.sleep(rng.uniform(0.0, min(0.5, 0.02 * losses)))
+                    current = self.manifest()  # several behind: list again
                     continue
-                return candidate
-        raise ArchiveConflict(f"could not publish to {self.url}: other writers published "
-                              f"{attempts} times in a row meanwhile")
+                name = self.archive.url_for(self._full(manifest_key(seq)))
+                try:
+                    current = self._read_manifest_settled(seq, name, retry=True)
+                except (ArchiveCorrupt, ArchiveNotFound):
+                    current = self.manifest()
 
     def delete_objects(self, keys: Iterable[str]) -> None:
         for key in keys:
