@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import re
 import tempfile
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -186,11 +186,6 @@ class CompactionResult:
         return json.dumps(document)
 
 
-# The last effective change of each key after a plan's base up to its index: key (UTF-8
-# bytes) -> (index, op), op kvfold.OP_PUT or OP_DELETE.
-LastChanges = Callable[[Any, ArchiveRef, RestorePlan], dict[bytes, tuple[int, int]]]
-
-
 @dataclass(frozen=True, slots=True)
 class _Range:
     """A stretch of the compacted log: an old compacted segment, or a dirty raw segment's
@@ -204,11 +199,12 @@ class _Range:
     unchanged: SegmentRecord | None  # an old compacted segment that loses nothing
 
 
-def compact(spark: Any, ref: ArchiveRef, policy: CompactionPolicy, *,
-            last_changes: LastChanges, synthesize: Callable[..., tuple[Path, Any]],
+def compact(spark: Any, ref: ArchiveRef, policy: CompactionPolicy, *, sequential: bool = False,
             dry_run: bool = False) -> tuple[str, CompactionResult | PassPlan | Skip]:
     """One compaction pass over the cluster `ref` names. Returns its cluster id and the
-    result (or, with `dry_run`, the plan or why nothing would happen)."""
+    result (or, with `dry_run`, the plan or why nothing would happen). `sequential`: the
+    node's own machine replays the dirty section in one process (the oracle) instead of
+    Spark's parallel fold."""
     archive = open_archive(ref.url, endpoint=ref.s3_endpoint, region=ref.s3_region)
     try:
         cluster_id = resolve_cluster_id(archive, ref.cluster_id, id_flag="--cluster-id",
@@ -222,7 +218,7 @@ def compact(spark: Any, ref: ArchiveRef, policy: CompactionPolicy, *,
         plan = plan_pass(manifest, policy)
         if dry_run or isinstance(plan, Skip):
             return cluster_id, plan
-        return cluster_id, _run(spark, ref, cluster, plan, policy, last_changes, synthesize)
+        return cluster_id, _run(spark, ref, cluster, plan, policy, sequential)
     except ArchiveError as exc:
         raise PipelineError(f"cannot compact {ref.url}: {exc}") from None
     finally:
@@ -230,23 +226,31 @@ def compact(spark: Any, ref: ArchiveRef, policy: CompactionPolicy, *,
 
 
 def _run(spark: Any, ref: ArchiveRef, cluster: ClusterArchive, plan: PassPlan,
-         policy: CompactionPolicy, last_changes: LastChanges,
-         synthesize: Callable[..., tuple[Path, Any]]) -> CompactionResult:
+         policy: CompactionPolicy, sequential: bool) -> CompactionResult:
     result = CompactionResult(cluster.cluster_id, plan.through,
                               dirty_ratio=round(plan.dirty_ratio, 6))
-    snapshot = plan.snapshot
-    if snapshot is None:
-        with tempfile.TemporaryDirectory(prefix="flotilla-compact-") as work:
-            restore_plan = cluster.plan_restore(plan.through)
-            path, meta = synthesize(spark, ref, restore_plan, Path(work))
-            snapshot = cluster.upload_snapshot(path, meta)
-        result.synthesized = True
-        result.bytes_read += _plan_bytes(restore_plan)
-    result.snapshot = cluster.location(snapshot)
-
     dirty_plan = RestorePlan(plan.through, plan.base_snapshot, plan.dirty)
-    changed = last_changes(spark, ref, dirty_plan)
-    result.bytes_read += _plan_bytes(dirty_plan)
+    with tempfile.TemporaryDirectory(prefix="flotilla-compact-") as work:
+        if sequential:
+            from .replay import replay_snapshot
+
+            path, meta = replay_snapshot(spark, ref, dirty_plan, "kv", Path(work))
+            changed = last_changes_by_replay(ref, dirty_plan)
+            wanted = {index for index, _ in changed.values()}
+            kept_entries = [e for e in cluster.read_segments(dirty_plan) if e.index in wanted]
+            result.bytes_read += 2 * _plan_bytes(dirty_plan)
+        else:
+            from .snapshot_at import state_and_changes
+
+            cleaned = state_and_changes(spark, ref, dirty_plan, Path(work))
+            path, meta, changed, kept_entries = (cleaned.path, cleaned.meta, cleaned.last,
+                                                 cleaned.entries)
+        result.bytes_read += _plan_bytes(dirty_plan)
+        snapshot = plan.snapshot
+        if snapshot is None:  # the cleanable point's snapshot: this one
+            snapshot = cluster.upload_snapshot(path, meta)
+            result.synthesized = True
+    result.snapshot = cluster.location(snapshot)
 
     ranges: list[_Range] = []
     for segment in plan.clean:
@@ -268,18 +272,23 @@ def _run(spark: Any, ref: ArchiveRef, cluster: ClusterArchive, plan: PassPlan,
         ranges.append(_Range(segment.first, segment.last,
                              (segment.first_ts_ms, segment.last_ts_ms), kept, horizons,
                              segment if same else None))
-    keep = dict(changed.values())  # index -> op
+    ops = dict(changed.values())  # index -> op of each key's last change
     horizon = plan.now_ms + policy.delete_retention_ms
+    position = 0
     covered = plan.base
     for segment in plan.dirty:  # consecutive; a chain's segments may overlap
         low = covered + 1
-        entries = [e for e in cluster.read_segment(segment)
-                   if low <= e.index <= plan.through and e.index in keep]
-        result.bytes_read += segment.size
+        kept = []
+        while position < len(kept_entries) and kept_entries[position].index <= segment.last:
+            kept.append(kept_entries[position])
+            position += 1
         ranges.append(_Range(low, segment.last, (segment.first_ts_ms, segment.last_ts_ms),
-                             entries, {e.index: horizon for e in entries
-                                       if keep[e.index] == OP_DELETE}, None))
+                             kept, {e.index: horizon for e in kept
+                                    if ops[e.index] == OP_DELETE}, None))
         covered = segment.last
+    if position != len(kept_entries) or len(kept_entries) != len(ops):
+        raise PipelineError(f"the fold kept {len(ops)} changes but {len(kept_entries)} of "
+                            "their entries came back: the dirty section was read wrong")
 
     records = [_write(cluster, group, plan.through) for group in _groups(ranges)]
     result.entries_before = sum(s.entries or 0 for s in plan.clean) + plan.through - plan.base
@@ -345,61 +354,7 @@ def _write(cluster: ClusterArchive, group: list[_Range], through: int) -> Segmen
                                     (group[0].times[0], group[-1].times[1]))
 
 
-def last_changes_by_fold(spark: Any, ref: ArchiveRef,
-                         plan: RestorePlan) -> dict[bytes, tuple[int, int]]:
-    """The last effective change of each key after the plan's base, by Spark: snapshot-at's
-    decode and sessions stages, then a key stage that runs `kvfold.fold_changes` over each
-    range of keys and hands back only each key's last change."""
-    from .kvfold import fold_changes
-    from .source import KEY_ROWS, arrow_schema, cluster_archive, paused_gc
-    from .stages import (
-        decode,
-        fold_sessions,
-        key_inputs,
-        range_tables,
-        read_base,
-        release,
-        table_rows,
-        unchecked_shuffles,
-    )
-
-    with tempfile.TemporaryDirectory(prefix="flotilla-compact-") as work:
-        _, base = read_base(cluster_archive(ref), plan, Path(work))
-        with unchecked_shuffles(spark):
-            ops = decode(spark, ref, plan, base, job="compact")
-            try:
-                sessions = fold_sessions(spark, ops, base, "compact")
-                skipped, since = sessions.skipped, plan.base_index
-
-                def fold(batches: Any) -> Any:
-                    import pyarrow as pa
-
-                    for _, table in range_tables(batches, arrow_schema(KEY_ROWS),
-                                                 skipped.value):
-                        last: dict[bytes, tuple[int, int]] = {}
-                        for key, index, _op, _, after in fold_changes(table_rows(table), since):
-                            last[key] = (index, OP_DELETE if after is None else 0)
-                        yield pa.RecordBatch.from_arrays(
-                            [pa.array(list(last), pa.binary()),
-                             pa.array([i for i, _ in last.values()], pa.int64()),
-                             pa.array([o for _, o in last.values()], pa.int8())],
-                            names=["key", "index", "op"])
-
-                frame = key_inputs(spark, ref, plan, ops, base).mapInArrow(
-                    lambda batches: paused_gc(fold(batches)), "key binary, index long, op byte")
-                spark.sparkContext.setJobDescription("compact: keys")
-                found = frame.toArrow()
-                spark.sparkContext.setJobDescription(None)
-                sessions.skipped.unpersist()
-            finally:
-                release(ops.frame)
-    return dict(zip(found.column("key").to_pylist(),
-                    zip(found.column("index").to_pylist(), found.column("op").to_pylist(),
-                        strict=True), strict=True))
-
-
-def last_changes_by_replay(spark: Any, ref: ArchiveRef,
-                           plan: RestorePlan) -> dict[bytes, tuple[int, int]]:
+def last_changes_by_replay(ref: ArchiveRef, plan: RestorePlan) -> dict[bytes, tuple[int, int]]:
     """The last effective change of each key, by the node's own machine, one entry at a time
     (the oracle; and `--sequential`): a change is whatever alters a key's (value, mod index)."""
     from flotilla.node.statemachine.kv import KVStateMachine

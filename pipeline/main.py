@@ -213,7 +213,6 @@ def _run(args: argparse.Namespace) -> str:
 
 def _compact(args: argparse.Namespace, ref: Any) -> str:
     from flotilla.pipeline import compact as job
-    from flotilla.pipeline.snapshot_at import state_at
     from flotilla.pipeline.spark import spark_session
 
     try:
@@ -221,14 +220,12 @@ def _compact(args: argparse.Namespace, ref: Any) -> str:
                                       args.min_cleanable_dirty_ratio, args.max_compaction_lag)
     except ValueError as exc:
         raise PipelineError(str(exc), EXIT_USAGE) from None
-    changes = job.last_changes_by_replay if args.sequential else job.last_changes_by_fold
-    cluster_id, plan = job.compact(None, ref, policy, last_changes=changes,
-                                   synthesize=state_at, dry_run=True)
+    cluster_id, plan = job.compact(None, ref, policy, dry_run=True)
     if args.dry_run or isinstance(plan, job.Skip):
         return job.describe(cluster_id, plan)
     spark = spark_session(args.master)
     try:
-        _, result = job.compact(spark, ref, policy, last_changes=changes, synthesize=state_at)
+        _, result = job.compact(spark, ref, policy, sequential=args.sequential)
     finally:
         spark.stop()
     return result.to_json() if isinstance(result, job.CompactionResult) else job.describe(

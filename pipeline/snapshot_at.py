@@ -32,15 +32,34 @@ from flotilla.node.archive.layout import check_cluster_id
 from flotilla.node.archive.manifest import SnapshotRecord
 from flotilla.node.archive.protocol import sha256_of_file
 from flotilla.node.archive.restore import RestorePlan, resolve_cluster_id
-from flotilla.node.consensus import Membership, SnapshotMeta
+from flotilla.node.consensus import Entry, EntryKind, Membership, SnapshotMeta
 from flotilla.node.consensus.types import EMPTY_MEMBERSHIP
 from flotilla.node.statemachine import StateMachineLoadError, load_state_machine
 from flotilla.node.statemachine.kv import KVStateMachine, packer
 from flotilla.node.storage import SnapshotStore
 
-from .kvfold import assemble_payload, finish_session, fold_keys
+from .kvfold import (
+    OP_DELETE,
+    OP_PUT,
+    assemble_payload,
+    finish_session,
+    fold_changes,
+    fold_keys,
+)
 from .replay import replay_snapshot
-from .source import FLUSH_ENTRIES, KEY_ROWS, ArchiveRef, arrow_schema, cluster_archive, paused_gc
+from .source import (
+    ENTRIES,
+    ENTRY_ROWS,
+    FLUSH_ENTRIES,
+    KEY_ROWS,
+    TIMED_KEY_ROWS,
+    ArchiveRef,
+    Audit,
+    arrow_schema,
+    cluster_archive,
+    from_blob,
+    paused_gc,
+)
 from .spark import PipelineError
 from .stages import (
     Base,
@@ -227,11 +246,68 @@ def snapshot_at(spark: Any, ref: ArchiveRef, index: int | None = None, *,
 def state_at(spark: Any, ref: ArchiveRef, plan: RestorePlan, work: Path,
              tasks: int | None = None) -> tuple[Path, SnapshotMeta]:
     """The key-value machine's snapshot at `plan.index`, folded by Spark into a file under
-    `work`, and its metadata (`compact` takes its cleanable point's snapshot from here)."""
+    `work`, and its metadata."""
     base_meta, base = read_base(cluster_archive(ref), plan, work)
     ops = decode(spark, ref, plan, base, tasks=tasks)
     meta = _meta_at(ops, plan, base_meta)
     return _synthesize(spark, ref, plan, ops, meta, base, work), meta
+
+
+@dataclass
+class Cleaned:
+    """What `compact` takes from one run over a plan's entries (`state_and_changes`)."""
+
+    path: Path  # the snapshot at the plan's index
+    meta: SnapshotMeta
+    last: dict[bytes, tuple[int, int]]  # key -> (index, OP_PUT or OP_DELETE) of its last change
+    entries: list[Entry]  # the entries at those indexes, as the log holds them
+
+
+def state_and_changes(spark: Any, ref: ArchiveRef, plan: RestorePlan, work: Path,
+                      tasks: int | None = None) -> Cleaned:
+    """One decode of the plan's entries for compaction: the snapshot at its index (exactly
+    snapshot-at's), each key's last effective change after the plan's base (`fold_changes`
+    over the same key rows, in the same tasks), and the entries of those changes, picked from
+    the decoded entries by the tasks that hold them. The archive is read once."""
+    import numpy as np
+    from pyspark.sql import functions as F
+
+    base_meta, base = read_base(cluster_archive(ref), plan, work)
+    audit = Audit(plan.base_index, 1 << 62)  # every entry after the base, in one slice
+    ops = decode(spark, ref, plan, base, tasks=tasks, job="compact", audit=audit)
+    try:
+        meta = _meta_at(ops, plan, base_meta)
+        last: dict[bytes, tuple[int, int]] = {}
+        with unchecked_shuffles(spark):
+            path = _fold(spark, ref, plan, ops, meta, base, work, changes=last, job="compact")
+        wanted = spark.sparkContext.broadcast(
+            np.array(sorted(i for i, _ in last.values()), dtype=np.int64).tobytes())
+
+        def pick(batches: Iterator[Any]) -> Iterator[Any]:
+            import numpy as np
+            import pyarrow as pa
+            import pyarrow.compute as pc
+
+            keep = pa.array(np.frombuffer(wanted.value, dtype=np.int64))
+            schema = arrow_schema(ENTRY_ROWS)
+            for batch in batches:
+                for blob in batch.column(0).to_pylist():
+                    rows = from_blob(blob, schema)
+                    rows = rows.filter(pc.is_in(rows.column("index"), value_set=keep))
+                    if rows.num_rows:
+                        yield rows.select(["index", "term", "kind", "data", "ts_ms"])
+
+        with stage(spark, "compact", "entries"):
+            table = ops.frame.filter(F.col("kind") == ENTRIES).select("blob").mapInArrow(
+                pick, "index long, term long, kind byte, data binary, ts_ms long").toArrow()
+        wanted.unpersist()
+    finally:
+        release(ops.frame)
+    order = table.column("index").to_numpy().argsort(kind="stable")
+    columns = [table.column(name).take(order).to_pylist()
+               for name in ("index", "term", "kind", "data", "ts_ms")]
+    entries = [Entry(i, t, EntryKind(k), d, ts) for i, t, k, d, ts in zip(*columns, strict=True)]
+    return Cleaned(path, meta, last, entries)
 
 
 def _meta_at(ops: Decoded, plan: RestorePlan, base_meta: SnapshotMeta | None) -> SnapshotMeta:
@@ -265,44 +341,61 @@ def _synthesize(spark: Any, ref: ArchiveRef, plan: RestorePlan, ops: Decoded,
 
 
 def _fold(spark: Any, ref: ArchiveRef, plan: RestorePlan, ops: Decoded, meta: SnapshotMeta,
-          base: Base, work: Path) -> Path:
+          base: Base, work: Path, changes: dict[bytes, tuple[int, int]] | None = None,
+          job: str = "snapshot-at") -> Path:
     """The sessions stage, then the keys stage, then the payload. Spark moves the decode
-    stage's blobs to the task of their bucket or range; the tasks fold them."""
+    stage's blobs to the task of their bucket or range; the tasks fold them.
+
+    With `changes` (a dict to fill; `ops` decoded with an `Audit`, so timed key rows), the
+    key stage's tasks also run `fold_changes` over the same rows and hand back each key's
+    last effective change after the base, and the decoded blobs are left for the caller to
+    release."""
     from pyspark.sql import functions as F
 
     stats = ops.stats
     last_normal = max((s.last_normal for s in stats if s.last_normal is not None), default=None)
     applied = base.applied_index if last_normal is None else last_normal
     ttl, window = base.ttl_ms, base.window
-    done = fold_sessions(spark, ops, base)
+    done = fold_sessions(spark, ops, base, job)
     wanted, skipped = done.wanted, done.skipped
+    timed = changes is not None
+    since = plan.base_index
 
     # Keys, per range of keys: the commands not answered from a session and every base
     # entry. The partitions in order are the ranges in order: the payload's.
     def fold_ranges(batches: Iterator[Any]) -> Iterator[Any]:
         out = arrow_schema(_FOLDED)
         pack = packer().pack
-        for dest, table in range_tables(batches, arrow_schema(KEY_ROWS), skipped.value):
+        rows_schema = arrow_schema(TIMED_KEY_ROWS if timed else KEY_ROWS)
+        for dest, table in range_tables(batches, rows_schema, skipped.value):
             results: dict[int, dict[str, Any]] = {}
             run: list[bytes] = []
-            for record in fold_keys(table_rows(table), wanted, results):
+            for record in fold_keys(table_rows(table, 5), wanted, results):
                 run.append(record)
                 if len(run) == FLUSH_ENTRIES:
                     yield _folded_batch(out, dest, run, {})
                     run = []
             yield _folded_batch(out, dest, run, {i: pack(r) for i, r in results.items()})
+            if timed:
+                last: dict[bytes, tuple[int, int]] = {}
+                for key, index, _, _, after in fold_changes(table_rows(table, 5), since):
+                    last[key] = (index, OP_DELETE if after is None else OP_PUT)
+                yield _changes_batch(out, dest, last)
 
-    per_key = key_inputs(spark, ref, plan, ops, base)
+    per_key = key_inputs(spark, ref, plan, ops, base, timed=timed)
     folded = per_key.mapInArrow(lambda batches: paused_gc(fold_ranges(batches)),
                                 _FOLDED).cache()
     try:
         results: dict[int, dict[str, Any]] = {}
         key_count = 0
-        with stage(spark, "snapshot-at", "keys"):
+        with stage(spark, job, "keys"):
             found = folded.select("n", "rindex", "result").collect()
         for n, index, result in found:
             if index is None:
                 key_count += n
+            elif n == _CHANGE:
+                assert changes is not None
+                changes[result[1:]] = (index, result[0])
             else:
                 results[index] = msgpack.unpackb(result, raw=False, strict_map_key=False)
         sessions = [finish_session(s, results) for s in done.sketches.values()]
@@ -322,16 +415,32 @@ def _fold(spark: Any, ref: ArchiveRef, plan: RestorePlan, ops: Decoded, meta: Sn
                              window=window, key_count=key_count, key_records=key_records(),
                              sessions=sessions)
 
-        with stage(spark, "snapshot-at", "payload"):
+        with stage(spark, job, "payload"):
             return SnapshotStore(work / "out").save(meta, KVStateMachine.kind, write)
     finally:
         folded.unpersist()
-        release(ops.frame)  # the last stage to read it
+        if not timed:
+            release(ops.frame)  # the last stage to read it
         skipped.unpersist()
 
 
 _FOLDED = "dest int, run binary, n long, rindex long, result binary"
+_CHANGE = -1  # n of a row that is a key's last change: rindex its index, result op + key
 RANGES_PER_FETCH = 8  # key ranges the driver fetches at a time while it writes the payload
+
+
+def _changes_batch(schema: Any, dest: int, last: dict[bytes, tuple[int, int]]) -> Any:
+    """Each key's last change as a row of _FOLDED: n _CHANGE, rindex the index, result the
+    op (one byte) then the key."""
+    import pyarrow as pa
+
+    count = len(last)
+    return pa.RecordBatch.from_arrays(
+        [pa.array([dest] * count, pa.int32()), pa.nulls(count, pa.binary()),
+         pa.array([_CHANGE] * count, pa.int64()),
+         pa.array([i for i, _ in last.values()], pa.int64()),
+         pa.array([bytes([op]) + key for key, (_, op) in last.items()], pa.binary())],
+        schema=schema)
 
 
 def _folded_batch(schema: Any, dest: int, run: list[bytes], results: dict[int, bytes]) -> Any:
