@@ -53,13 +53,14 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import multiprocessing
 import os
 import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,6 +93,7 @@ class Workload:
 
     entries: int
     seed: int = 7
+    zipf: float = 0.0  # > 1: keys picked from a Zipf distribution of this exponent
 
     @property
     def base(self) -> int:
@@ -107,7 +109,8 @@ class Workload:
 
     @property
     def cluster_id(self) -> str:
-        return f"bench-n{self.entries}-s{self.seed}-v{WORKLOAD_VERSION}"
+        zipf = f"-z{self.zipf:g}" if self.zipf else ""
+        return f"bench-n{self.entries}-s{self.seed}{zipf}-v{WORKLOAD_VERSION}"
 
 
 WARM_UP = Workload(20_000)
@@ -150,7 +153,10 @@ def log_entries(w: Workload) -> Iterator[Entry]:
     while index < w.target:
         n = min(SEGMENT_ENTRIES, w.target - index)
         u = rng.random((n, 4))
-        picks = (w.keys * rng.random(n) ** 3).astype(np.int64)  # skewed: a few keys are hot
+        if w.zipf:
+            picks = (rng.zipf(w.zipf, n) - 1) % w.keys  # Zipf: rank 1 the hottest
+        else:
+            picks = (w.keys * rng.random(n) ** 3).astype(np.int64)  # skewed: a few are hot
         who = rng.integers(0, len(clients), n)
         lengths = rng.integers(16, 240, n)
         offsets = rng.integers(0, len(blob) - 256, n)
@@ -583,6 +589,191 @@ def scaling(runs: list[Run]) -> list[str]:
     return out
 
 
+# ---------------------------------------------------------------------------------------------
+# Compaction (--job compact)
+
+
+@dataclass
+class PassRun:
+    engine: str
+    name: str
+    seconds: float = 0.0
+    cpu: float | None = None
+    result: dict[str, Any] = field(default_factory=dict)
+    dirty_entries: int = 0
+    digests: tuple[str, ...] = ()  # the compacted segments' SHA-256s: equal across engines
+    error: str | None = None
+
+
+def _log_time_lags(url: str, w: Workload, s3: dict[str, str | None],
+                   fractions: Sequence[float]) -> list[int]:
+    """For each fraction f, the --min-compaction-lag (log-time ms) whose cleanable point is
+    the segment end nearest f of the log."""
+    archive = open_archive(url, **s3)
+    try:
+        manifest = ClusterArchive(archive, w.cluster_id).manifest()
+    finally:
+        archive.close()
+    assert manifest is not None
+    segments = manifest.raw_segments
+    head = max(s.last_ts_ms or 0 for s in segments)
+    lags = []
+    for f in fractions:
+        goal = w.target * f
+        nearest = min(segments, key=lambda s: abs(s.last - goal))
+        lags.append(head - (nearest.last_ts_ms or 0))
+    return lags
+
+
+def compact_child(master: str, url: str, w: Workload, s3: dict[str, str | None],
+                  lags: list[int], warm_url: str, conn: Any) -> None:
+    """Passes of compaction on `url` (a copy of the workload's archive) in a fresh process."""
+    runs: list[PassRun] = []
+    try:
+        from flotilla.pipeline.compact import CompactionPolicy, CompactionResult, compact
+        from flotilla.pipeline.source import ArchiveRef
+        from flotilla.pipeline.spark import spark_session
+
+        sequential = master == "sequential"
+        spark = spark_session("local[1]" if sequential else master,
+                              app=f"compact-bench-{master}")
+        try:
+            warm = ArchiveRef(warm_url, WARM_UP.cluster_id, s3["endpoint"], s3["region"])
+            compact(spark, warm, CompactionPolicy(min_dirty_ratio=0.01), sequential=sequential)
+            ref = ArchiveRef(url, w.cluster_id, s3["endpoint"], s3["region"])
+            for n, lag in enumerate(lags):
+                run = PassRun(master, f"pass {n + 1}")
+                began, cpu = time.perf_counter(), _cpu_seconds()
+                _, result = compact(spark, ref, CompactionPolicy(lag, min_dirty_ratio=0.01),
+                                    sequential=sequential)
+                run.seconds, run.cpu = time.perf_counter() - began, _cpu_seconds() - cpu
+                if not isinstance(result, CompactionResult):
+                    run.error = f"nothing cleaned: {result}"
+                else:
+                    run.result = json.loads(result.to_json())
+                    clean_entries = sum(s.entries or 0 for s in _compacted(url, w, s3)[1])
+                    run.dirty_entries = result.entries_before - (
+                        runs[-1].result["entries_after"] if runs else 0)
+                    run.digests = tuple(s.sha256 for s in _compacted(url, w, s3)[1])
+                    assert clean_entries == result.entries_after
+                runs.append(run)
+        finally:
+            spark.stop()
+    except Exception as exc:  # reported in the table
+        runs.append(PassRun(master, "?", error=f"{type(exc).__name__}: "
+                                               f"{str(exc).strip().splitlines()[0][:300]}"))
+    conn.send(runs)
+    conn.close()
+
+
+def _compacted(url: str, w: Workload, s3: dict[str, str | None]) -> tuple[int, list[Any]]:
+    archive = open_archive(url, **s3)
+    try:
+        manifest = ClusterArchive(archive, w.cluster_id).manifest()
+    finally:
+        archive.close()
+    assert manifest is not None
+    return manifest.cleaned_through, list(manifest.compacted_segments)
+
+
+def run_compaction(master: str, source: Path, scratch: Path, w: Workload,
+                   lags: list[int]) -> list[PassRun]:
+    """Copy the archive (a pass rewrites it) and run the passes on the copy."""
+    work = scratch / f"compact-{master.replace('[', '').replace(']', '')}"
+    shutil.rmtree(work, ignore_errors=True)
+    shutil.copytree(source, work / "archive")
+    shutil.copytree(source, work / "warm", ignore=lambda d, names: [
+        n for n in names if d == str(source) and n != WARM_UP.cluster_id])
+    s3: dict[str, str | None] = {"endpoint": None, "region": None}
+    ctx = multiprocessing.get_context("spawn")
+    receive, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=compact_child,
+                        args=(master, (work / "archive").as_uri(), w, s3, lags,
+                              (work / "warm").as_uri(), send))
+    child.start()
+    send.close()
+    try:
+        runs: list[PassRun] = receive.recv()
+    except EOFError:
+        runs = [PassRun(master, "?", error=f"the Spark process died (exit {child.exitcode})")]
+    child.join()
+    shutil.rmtree(work, ignore_errors=True)
+    return runs
+
+
+def render_compaction(runs: list[PassRun]) -> str:
+    head = ["pass", "engine", "seconds", "dirty entries/s", "cores", "entries before",
+            "entries after", "MB before", "MB after", "MB read", "read / dirty", "dirty ratio",
+            "markers", "same bytes"]
+    rows = [head]
+    first = {r.name: r.digests for r in runs if not r.error}
+    for r in runs:
+        if r.error:
+            rows.append([r.name, r.engine, "FAILED", r.error, *[""] * (len(head) - 4)])
+            continue
+        res = r.result
+        clean_before = 0
+        for other in runs:
+            if other.engine == r.engine and other.name < r.name and other.result:
+                clean_before = other.result["bytes_after"]
+        dirty_bytes = res["bytes_before"] - clean_before
+        rows.append([r.name, r.engine, f"{r.seconds:.1f}",
+                     f"{r.dirty_entries / r.seconds:,.0f}",
+                     "" if r.cpu is None else f"{r.cpu / r.seconds:.2f}",
+                     f"{res['entries_before']:,}", f"{res['entries_after']:,}",
+                     f"{res['bytes_before'] / 1e6:.1f}", f"{res['bytes_after'] / 1e6:.1f}",
+                     f"{res['bytes_read'] / 1e6:.1f}", f"{res['bytes_read'] / dirty_bytes:.2f}",
+                     f"{res['dirty_ratio']:.2f}", f"{res['markers']:,}",
+                     "yes" if r.digests == first.get(r.name) else "NO"])
+    return _table(rows)
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = []
+    for n, row in enumerate(rows):
+        lines.append("| " + " | ".join(c.ljust(wd) if i < 2 else c.rjust(wd)
+                                       for i, (c, wd) in enumerate(zip(row, widths,
+                                                                       strict=True))) + " |")
+        if n == 0:
+            lines.append("| " + " | ".join("-" * wd if i < 2 else "-" * (wd - 1) + ":"
+                                           for i, wd in enumerate(widths)) + " |")
+    return "\n".join(lines)
+
+
+def main_compaction(args: argparse.Namespace, engines: list[str], sizes: list[int],
+                    scratch: Path, url: str) -> int:
+    """Two passes over a Zipf workload: the first cleans about 60% of the log, the second
+    the rest on top of it (so it re-reads the first's output: Kafka's clean section)."""
+    if not url.startswith("file://"):
+        raise SystemExit("--job compact copies the archive for each engine: use a file:// "
+                         "--archive (or none)")
+    s3: dict[str, str | None] = {"endpoint": None, "region": None}
+    source = Path(unquote(urlsplit(url).path))
+    if not archived(url, WARM_UP, s3):
+        remove_cluster(url, WARM_UP.cluster_id, s3)
+        write_archive(url, WARM_UP, s3)
+    runs: list[PassRun] = []
+    for n in sizes:
+        w = Workload(n, args.seed, zipf=args.zipf)
+        if not archived(url, w, s3):
+            remove_cluster(url, w.cluster_id, s3)
+            began = time.perf_counter()
+            write_archive(url, w, s3)
+            print(f"{_size(n)}: wrote {w.target:,} entries (Zipf {args.zipf:g} keys) to "
+                  f"{url}/{w.cluster_id} in {time.perf_counter() - began:.0f} s", flush=True)
+        lags = _log_time_lags(url, w, s3, (0.6, 1.0))
+        for engine in engines:
+            found = run_compaction(engine, source, scratch, w, lags)
+            runs.extend(found)
+            print(f"{_size(n)} {engine}: " + ", ".join(
+                r.error or f"{r.name} {r.seconds:.1f} s" for r in found), flush=True)
+    print()
+    print(render_compaction(runs))
+    return 1 if any(r.error for r in runs) or len({r.digests for r in runs
+                                                     if r.name == "pass 2"}) > 1 else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -602,13 +793,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--s3-endpoint", default=None)
     p.add_argument("--s3-region", default=None)
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--job", choices=("snapshot-at", "compact"), default="snapshot-at",
+                   help="snapshot-at (default): the table above; compact: two compaction "
+                        "passes over a Zipf workload (--sizes default 1M, --engines default "
+                        "local[1],local[2],sequential)")
+    p.add_argument("--zipf", type=float, default=1.2,
+                   help="--job compact: the Zipf exponent of the keys written (default 1.2)")
     args = p.parse_args(argv)
     try:
         sizes = [100_000] if args.quick else [parse_size(s) for s in args.sizes.split(",")]
     except (argparse.ArgumentTypeError, ValueError) as exc:
         p.error(f"--sizes: {exc}")
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
-    if "replay" not in engines:
+    if args.job == "compact":
+        if args.engines == p.get_default("engines"):
+            engines = ["local[1]", "local[2]", "sequential"]
+        if args.sizes == p.get_default("sizes") and not args.quick:
+            sizes = [1_000_000]
+    elif "replay" not in engines:
         p.error("--engines must include replay: it is the oracle the others are checked against")
     s3 = {"endpoint": args.s3_endpoint, "region": args.s3_region}
     scratch = Path(tempfile.mkdtemp(prefix="flotilla-pipeline-bench-"))
@@ -621,6 +823,17 @@ def main(argv: list[str] | None = None) -> int:
         url = (scratch / "archive").as_uri()
     started = time.perf_counter()
     runs: list[Run] = []
+    if args.job == "compact":
+        try:
+            code = main_compaction(args, engines, sizes, scratch, url)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+        print(f"{os.cpu_count()} CPUs, load average {load}; whole run "
+              f"{time.perf_counter() - started:.0f} s")
+        print("command: " + " ".join([".venv/bin/python", "bench/pipeline_bench.py",
+                                      *(argv if argv is not None else sys.argv[1:])]))
+        return code
     try:
         if any(engine != "replay" for engine in engines) and not archived(url, WARM_UP, s3):
             remove_cluster(url, WARM_UP.cluster_id, s3)
