@@ -42,7 +42,7 @@ from flotilla.pipeline.compact import (
 from flotilla.pipeline.snapshot_at import snapshot_at
 from flotilla.pipeline.source import ArchiveRef
 
-from tests.pipeline.archives import VOTERS, replayed_payload, write_archive
+from tests.pipeline.archives import replayed_payload, write_archive
 
 CID = "cc"
 KEYS = [f"k{n}" for n in range(30)] + ["k\ud800", "\U0001f600"]
@@ -403,4 +403,17 @@ def test_dry_run_and_nothing_to_do_print_one_json_line_without_spark(tmp_path):
     assert "older than --min-compaction-lag" in json.loads(lagging.stdout)["skipped"]
 
 
-_ = VOTERS
+
+def test_the_command_runs_a_pass_and_prints_the_contracts_fields(tmp_path):
+    url = (tmp_path / "archive").as_uri()
+    write_archive(url, CID, history(10, 300), segment_entries=50)
+    done = pipeline("compact", "--archive", url, "--master", "local[1]",
+                    "--min-cleanable-dirty-ratio", "0.01", "--result-file",
+                    str(tmp_path / "result"))
+    assert done.returncode == 0, done.stderr
+    line = done.stdout.strip().splitlines()[-1]
+    result = json.loads(line)
+    assert {"cleaned_through", "entries_before", "entries_after", "bytes_before",
+            "bytes_after"} <= set(result)
+    assert result["cleaned_through"] == manifest_of(url).cleaned_through > 0
+    assert (tmp_path / "result").read_text().strip() == line
