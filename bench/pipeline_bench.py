@@ -558,16 +558,7 @@ def render(runs: list[Run]) -> str:
                      *(f"{r.parts[p]:.1f}" if p in r.parts else ""
                        for p in (*STAGES, "driver")),
                      same])
-    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    lines = []
-    for n, row in enumerate(rows):
-        lines.append("| " + " | ".join(c.ljust(wd) if i < 2 else c.rjust(wd)
-                                       for i, (c, wd) in enumerate(zip(row, widths,
-                                                                       strict=True))) + " |")
-        if n == 0:
-            lines.append("| " + " | ".join("-" * wd if i < 2 else "-" * (wd - 1) + ":"
-                                           for i, wd in enumerate(widths)) + " |")
-    return "\n".join(lines)
+    return _table(rows)
 
 
 def scaling(runs: list[Run]) -> list[str]:
@@ -609,13 +600,7 @@ def _log_time_lags(url: str, w: Workload, s3: dict[str, str | None],
                    fractions: Sequence[float]) -> list[int]:
     """For each fraction f, the --min-compaction-lag (log-time ms) whose cleanable point is
     the segment end nearest f of the log."""
-    archive = open_archive(url, **s3)
-    try:
-        manifest = ClusterArchive(archive, w.cluster_id).manifest()
-    finally:
-        archive.close()
-    assert manifest is not None
-    segments = manifest.raw_segments
+    segments = _manifest(url, w, s3).raw_segments
     head = max(s.last_ts_ms or 0 for s in segments)
     lags = []
     for f in fractions:
@@ -666,13 +651,18 @@ def compact_child(master: str, url: str, w: Workload, s3: dict[str, str | None],
     conn.close()
 
 
-def _compacted(url: str, w: Workload, s3: dict[str, str | None]) -> tuple[int, list[Any]]:
+def _manifest(url: str, w: Workload, s3: dict[str, str | None]) -> Any:
     archive = open_archive(url, **s3)
     try:
         manifest = ClusterArchive(archive, w.cluster_id).manifest()
     finally:
         archive.close()
     assert manifest is not None
+    return manifest
+
+
+def _compacted(url: str, w: Workload, s3: dict[str, str | None]) -> tuple[int, list[Any]]:
+    manifest = _manifest(url, w, s3)
     return manifest.cleaned_through, list(manifest.compacted_segments)
 
 

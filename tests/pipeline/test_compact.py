@@ -79,31 +79,11 @@ def history(seed: int, count: int, keys=KEYS) -> list[bytes]:
     return out
 
 
-def oracle(log: list[Entry], upto: int) -> tuple[dict[str, tuple[bytes, int]],
-                                                  dict[str, tuple[int, str]]]:
-    """Replay log[:upto] through the node's machine: the state, and each key's last effective
-    change (index, 'put' or 'delete'), found by diffing the key's (value, mod index)."""
+def replayed_changes(log: list[Entry]):
+    """Replay the log through the node's machine, yielding each effective change as (index,
+    key, the key's new (value, mod index) or None), found by diffing the key's state around
+    its entry; the machine itself is yielded last."""
     sm = KVStateMachine()
-    last: dict[str, tuple[int, str]] = {}
-    for entry in log[:upto]:
-        if entry.kind != EntryKind.NORMAL:
-            continue
-        try:
-            key = decode_command(entry.data).key
-        except Exception:
-            key = None
-        before = sm.get(key) if key is not None else None
-        sm.apply(entry.index, entry.data)
-        if key is not None and sm.get(key) != before:
-            last[key] = (entry.index, "put" if sm.get(key) is not None else "delete")
-    state = {k: sm.get(k) for k in sm.list()}
-    return state, last
-
-
-def head_changes(log: list[Entry], after: int) -> list[tuple[int, str, tuple | None]]:
-    """The effective changes of the entries after index `after`: (index, key, new state)."""
-    sm = KVStateMachine()
-    out = []
     for entry in log:
         if entry.kind != EntryKind.NORMAL:
             continue
@@ -113,9 +93,26 @@ def head_changes(log: list[Entry], after: int) -> list[tuple[int, str, tuple | N
             key = None
         before = sm.get(key) if key is not None else None
         sm.apply(entry.index, entry.data)
-        if key is not None and entry.index > after and sm.get(key) != before:
-            out.append((entry.index, key, sm.get(key)))
-    return out
+        if key is not None and sm.get(key) != before:
+            yield entry.index, key, sm.get(key)
+    yield sm
+
+
+def oracle(log: list[Entry], upto: int) -> tuple[dict[str, tuple[bytes, int]],
+                                                  dict[str, tuple[int, str]]]:
+    """The state after log[:upto], and each key's last effective change (index, 'put' or
+    'delete')."""
+    last: dict[str, tuple[int, str]] = {}
+    *changes, sm = replayed_changes(log[:upto])
+    for index, key, after in changes:
+        last[key] = (index, "put" if after is not None else "delete")
+    return {k: sm.get(k) for k in sm.list()}, last
+
+
+def head_changes(log: list[Entry], after: int) -> list[tuple[int, str, tuple | None]]:
+    """The effective changes of the entries after index `after`: (index, key, new state)."""
+    *changes, _ = replayed_changes(log)
+    return [change for change in changes if change[0] > after]
 
 
 def manifest_of(url: str):
