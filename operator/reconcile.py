@@ -22,12 +22,12 @@ from typing import Any
 
 from flotilla.client import FlotillaError
 
-from . import render, restorejob
+from . import archivejobs, render, restorejob
 from .kube import ApiError, Kube
 from .members import Members
 from .planner import CatchUp, Observed, Plan, Record, Slot, Step, plan
 from .restorejob import Move, Stage
-from .spec import ClusterSpec, SpecError
+from .spec import ARCHIVE_JOBS, ClusterSpec, SpecError
 
 __all__ = ["Outcome", "finalize", "reconcile"]
 
@@ -53,6 +53,9 @@ _MUTABLE = {
     "StatefulSet": ("replicas", "template", "updateStrategy"),
     "Service": ("ports", "publishNotReadyAddresses"),
     "PodDisruptionBudget": ("maxUnavailable",),
+    "CronJob": ("schedule", "timeZone", "suspend", "concurrencyPolicy",
+                "startingDeadlineSeconds", "successfulJobsHistoryLimit",
+                "failedJobsHistoryLimit", "jobTemplate"),
 }
 
 
@@ -128,6 +131,8 @@ def reconcile(kube: Kube, body: Mapping[str, Any], *, default_image: str,
         created = _ensure(kube, obj, current)
         if created:
             events.append(("Normal", "Created", f"{obj['kind']} {obj['metadata']['name']}"))
+    archive_jobs, job_events = _archive_jobs(kube, spec, old)
+    events += job_events
 
     # The step.
     step_error = None
@@ -143,6 +148,8 @@ def reconcile(kube: Kube, body: Mapping[str, Any], *, default_image: str,
         else:
             events.append(("Normal", REASONS[action.step], action.describe()))
     status = _status(spec, old, result, pods, statuses, voters, step_error, stage)
+    if archive_jobs is not None:
+        status["archiveJobs"] = archive_jobs
     return Outcome(status, events, result)
 
 
@@ -189,6 +196,58 @@ def _restore_stage(kube: Kube, spec: ClusterSpec,
     elif stage.move is Move.PROCEED and before != stage.reason:
         events.append(("Normal", "RestoreJobSucceeded", stage.message))
     return stage, events
+
+
+# --- scheduled compaction and export ----------------------------------------------------------
+
+
+def _archive_jobs(kube: Kube, spec: ClusterSpec, old: Mapping[str, Any]
+                  ) -> tuple[dict[str, Any] | None, list[tuple[str, str, str]]]:
+    """The CronJobs of spec.archive.compaction and .export brought in line with the spec
+    (created, patched, or deleted with their Jobs when their block is gone), and
+    status.archiveJobs from their newest Jobs (archivejobs.py). None, and not one API call,
+    when no block is set and status records none."""
+    wanted = spec.archive.scheduled() if spec.archive is not None else {}
+    recorded = old.get("archiveJobs") or {}
+    if not wanted and not recorded:
+        return None, []
+    cronjobs = {c["metadata"]["name"]: c
+                for c in kube.list("CronJob", spec.namespace, spec.archive_jobs_selector)}
+    report: dict[str, Any] = {}
+    events: list[tuple[str, str, str]] = []
+    for kind in ARCHIVE_JOBS:
+        name = spec.archive_job_name(kind)
+        current = cronjobs.get(name)
+        if kind not in wanted or (current is not None and _foreign(current, spec.uid)):
+            # Gone from the spec, or left by an earlier RaftCluster of this name (then made
+            # again next round): its Jobs and their pods go with it.
+            if current is not None:
+                kube.delete("CronJob", spec.namespace, name, propagation="Background")
+                if kind not in wanted:
+                    events.append(("Normal", "Deleted",
+                                   f"CronJob {name}: spec.archive.{kind} was removed"))
+            if kind not in wanted and kind in recorded:
+                report[kind] = None  # merge patch: removes the entry
+            continue
+        if _ensure(kube, render.archive_cronjob(spec, kind), current):
+            events.append(("Normal", "Created", f"CronJob {name}"))
+        before = recorded.get(kind) or {}
+        job = archivejobs.newest(kube.list("Job", spec.namespace,
+                                           spec.archive_job_selector(kind)))
+        pods = (kube.list("Pod", spec.namespace, spec.archive_job_selector(kind))
+                if archivejobs.needs_pods(job, before) else [])
+        now = archivejobs.entry(spec, kind, current, job, pods, before)
+        # A merge patch: what the previous run had and this one has not goes (null).
+        report[kind] = {**{key: None for key in before if key not in now}, **now}
+        announced = archivejobs.event(spec, kind, now, before)
+        if announced is not None:
+            events.append(announced)
+    return report, events
+
+
+def _foreign(obj: Mapping[str, Any], owner_uid: str) -> bool:
+    owners = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return bool(owner_uid) and not any(o.get("uid") == owner_uid for o in owners)
 
 
 def _restoring_status(spec: ClusterSpec, old: Mapping[str, Any], stage: Stage) -> dict[str, Any]:
