@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-__all__ = ["JobEnd", "JobPhase", "read_job"]
+__all__ = ["JobEnd", "JobPhase", "foreign", "read_job"]
 
 
 class JobPhase(Enum):
@@ -84,3 +84,10 @@ def _last_termination(pods: Iterable[Mapping[str, Any]],
     code = terminated.get("exitCode")
     return (int(code) if code is not None else None), next(
         (line for line in reversed(lines) if line), "")
+
+
+def foreign(obj: Mapping[str, Any], owner_uid: str) -> bool:
+    """Whether `obj` belongs to another owner than the RaftCluster of `owner_uid`: left by an
+    earlier RaftCluster of the same name. Never, when the uid is unknown (test servers)."""
+    owners = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return bool(owner_uid) and not any(o.get("uid") == owner_uid for o in owners)

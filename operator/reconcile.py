@@ -23,6 +23,7 @@ from typing import Any
 from flotilla.client import FlotillaError
 
 from . import archivejobs, render, restorejob
+from .jobs import foreign
 from .kube import ApiError, Kube
 from .members import Members
 from .planner import CatchUp, Observed, Plan, Record, Slot, Step, plan
@@ -218,7 +219,7 @@ def _archive_jobs(kube: Kube, spec: ClusterSpec, old: Mapping[str, Any]
     for kind in ARCHIVE_JOBS:
         name = spec.archive_job_name(kind)
         current = cronjobs.get(name)
-        if kind not in wanted or (current is not None and _foreign(current, spec.uid)):
+        if kind not in wanted or (current is not None and foreign(current, spec.uid)):
             # Gone from the spec, or left by an earlier RaftCluster of this name (then made
             # again next round): its Jobs and their pods go with it.
             if current is not None:
@@ -243,11 +244,6 @@ def _archive_jobs(kube: Kube, spec: ClusterSpec, old: Mapping[str, Any]
         if announced is not None:
             events.append(announced)
     return report, events
-
-
-def _foreign(obj: Mapping[str, Any], owner_uid: str) -> bool:
-    owners = (obj.get("metadata") or {}).get("ownerReferences") or []
-    return bool(owner_uid) and not any(o.get("uid") == owner_uid for o in owners)
 
 
 def _restoring_status(spec: ClusterSpec, old: Mapping[str, Any], stage: Stage) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from .jobs import JobPhase, read_job
+from .jobs import JobPhase, foreign, read_job
 from .render import FINAL_EXIT_CODES, RESTORE_CONTAINER
 from .spec import ClusterSpec
 
@@ -84,8 +84,7 @@ def observe(job: Mapping[str, Any] | None, pods: Iterable[Mapping[str, Any]],
             owner_uid: str) -> JobRun:
     if job is None:
         return JobRun(JobPhase.MISSING)
-    owners = (job.get("metadata") or {}).get("ownerReferences") or []
-    if owner_uid and not any(o.get("uid") == owner_uid for o in owners):
+    if foreign(job, owner_uid):
         return JobRun(JobPhase.FOREIGN)
     end = read_job(job, pods, RESTORE_CONTAINER)
     if end.phase is JobPhase.SUCCEEDED:
