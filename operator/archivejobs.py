@@ -106,11 +106,13 @@ def event(spec: ClusterSpec, kind: str, now: Mapping[str, Any],
 
 
 def _result(line: str) -> dict[str, Any] | None:
+    """The result line as an object. Its null fields are left out: status is written as a
+    merge patch, where null means "remove"."""
     try:
         doc = json.loads(line)
     except ValueError:
         return None
-    return doc if isinstance(doc, dict) else None
+    return {k: v for k, v in doc.items() if v is not None} if isinstance(doc, dict) else None
 
 
 def _phase(job: Mapping[str, Any]) -> JobPhase:

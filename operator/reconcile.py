@@ -238,12 +238,23 @@ def _archive_jobs(kube: Kube, spec: ClusterSpec, old: Mapping[str, Any]
         pods = (kube.list("Pod", spec.namespace, spec.archive_job_selector(kind))
                 if archivejobs.needs_pods(job, before) else [])
         now = archivejobs.entry(spec, kind, current, job, pods, before)
-        # A merge patch: what the previous run had and this one has not goes (null).
-        report[kind] = {**{key: None for key in before if key not in now}, **now}
+        report[kind] = _replacing(before, now)
         announced = archivejobs.event(spec, kind, now, before)
         if announced is not None:
             events.append(announced)
     return report, events
+
+
+def _replacing(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
+    """The merge patch (RFC 7386, how status is written) that turns `before` into `after`: what
+    `before` has and `after` has not is set to null, at every depth, so nothing of an earlier
+    run (its message, a key of its result) lingers beside the newer one."""
+    patch: dict[str, Any] = {key: None for key in before if key not in after}
+    for key, value in after.items():
+        old = before.get(key)
+        patch[key] = (_replacing(old, value) if isinstance(value, Mapping)
+                      and isinstance(old, Mapping) else value)
+    return patch
 
 
 def _restoring_status(spec: ClusterSpec, old: Mapping[str, Any], stage: Stage) -> dict[str, Any]:

@@ -96,6 +96,13 @@ def test_a_succeeded_job_gives_its_result_line_parsed(kind):
                      "result": RESULT}
 
 
+def test_the_result_leaves_out_null_fields():
+    line = json.dumps({**RESULT, "snapshot": None, "skipped": "nothing to clean"})
+    entry = archivejobs.entry(SPEC, "compaction", None, job("demo-compact-1", "Complete"),
+                              [pod("demo-compact-1", 0, line)], {})
+    assert entry["result"] == {**RESULT, "skipped": "nothing to clean"}
+
+
 def test_a_success_whose_line_is_not_json_keeps_the_line():
     entry = archivejobs.entry(SPEC, "compaction", None, job("demo-compact-1", "Complete"),
                               [pod("demo-compact-1", 0, "done, somehow")], {})
@@ -316,6 +323,15 @@ def test_each_outcome_is_read_once_and_announced_once():
     assert not [c for c in kube.calls[calls:] if c[:2] == ("list", "Pod")
                 and c[2] == SPEC.archive_job_selector("compaction")]
     assert obj["status"]["archiveJobs"]["compaction"]["result"] == RESULT
+
+    # The next run succeeds with less to say: nothing of the earlier result lingers.
+    kube.objects[("Job", "prod", "demo-compact-15")] = job(
+        "demo-compact-15", "Complete", created="2026-03-01T15:00:00Z")
+    kube.objects[("Pod", "prod", "demo-compact-15-p0")] = pod(
+        "demo-compact-15", 0, json.dumps({"cleaned_through": 5000, "skipped": "not dirty"}))
+    rounds(kube, obj)
+    assert obj["status"]["archiveJobs"]["compaction"]["result"] == {"cleaned_through": 5000,
+                                                                     "skipped": "not dirty"}
 
     # The next run fails: Failed, its reason, one Warning.
     kube.objects[("Job", "prod", "demo-compact-2")] = job(
