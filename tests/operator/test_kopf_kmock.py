@@ -10,7 +10,7 @@ joint change; leadership moved, one joint change, shrink, volumes by policy) and
 acknowledged write is still there. Delete the RaftCluster: the finalizer takes a final snapshot
 into the archive before letting it go. With spec.archive.compaction and .export, CronJobs appear,
 follow the spec (patched, deleted with their block), and the outcome of their Jobs reaches
-status.archiveJobs and the Events.
+status.archiveJobs and the Events; one compaction runs for real, through Spark.
 """
 
 from __future__ import annotations
@@ -438,8 +438,9 @@ def restoring(archive: str, restore: dict[str, Any], name: str = "restored") -> 
 
 
 def test_a_point_in_time_restore_runs_the_snapshot_job_then_the_members(world):
-    """The one real Spark run of the operator's tests: the Job publishes the state at a time
-    of the source's archive, and the members of the new cluster restore exactly that."""
+    """One of the operator tests' two real Spark runs (the other compacts, below): the Job
+    publishes the state at a time of the source's archive, and the members of the new cluster
+    restore exactly that."""
     _, api, kubelet, root = world
     (root / "archive").mkdir()
     archive = (root / "archive").as_uri()
@@ -558,42 +559,52 @@ def test_restore_targets_outside_the_archive_start_no_member(world):
 # --- scheduled compaction and export: CronJobs and the outcome of their Jobs ---------------------
 
 
-def cron_run(api, cronjob: dict[str, Any], scheduled: datetime.datetime, code: int,
-             message: str) -> str:
-    """What the CronJob controller, the Job controller and the kubelet leave behind for one
-    scheduled run that has ended: the Job made from the jobTemplate (named after the scheduled
-    minute, labelled and owned as the controller does), its pod with the container's exit code
-    and termination message, and the CronJob's lastScheduleTime. The Job is created already
-    ended, so the stand-in Job controller (which would run the command) leaves it alone."""
+def scheduled_job(cronjob: dict[str, Any], scheduled: datetime.datetime) -> dict[str, Any]:
+    """The Job the CronJob controller makes for a scheduled time: from the jobTemplate, named
+    after the scheduled minute, labelled, annotated and owned as the controller does."""
     minutes = int(scheduled.timestamp()) // 60
-    name = f"{cronjob['metadata']['name']}-{minutes}"
     template = cronjob["spec"]["jobTemplate"]
-    stamp = scheduled.strftime("%Y-%m-%dT%H:%M:%SZ")
-    ended = (scheduled + datetime.timedelta(minutes=4)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    kind = "Complete" if code == 0 else "Failed"
-    job = api.create({
+    return {
         "apiVersion": "batch/v1", "kind": "Job",
-        "metadata": {"name": name, "namespace": NS, "labels": template["metadata"]["labels"],
-                     "annotations": {"batch.kubernetes.io/cronjob-scheduled-timestamp": stamp},
+        "metadata": {"name": f"{cronjob['metadata']['name']}-{minutes}", "namespace": NS,
+                     "labels": template["metadata"]["labels"],
+                     "annotations": {"batch.kubernetes.io/cronjob-scheduled-timestamp":
+                                     scheduled.strftime("%Y-%m-%dT%H:%M:%SZ")},
                      "ownerReferences": [{"apiVersion": "batch/v1", "kind": "CronJob",
                                           "name": cronjob["metadata"]["name"],
                                           "uid": cronjob["metadata"]["uid"],
                                           "controller": True, "blockOwnerDeletion": True}]},
         "spec": template["spec"],
-        "status": {"succeeded" if code == 0 else "failed": 1,
-                   **({"completionTime": ended} if code == 0 else {}),
-                   "conditions": [{"type": kind, "status": "True", "lastTransitionTime": ended,
-                                   "reason": "CompletionsReached" if code == 0
-                                   else "BackoffLimitExceeded"}]}})
-    (container,) = template["spec"]["template"]["spec"]["containers"]
+    }
+
+
+def cron_run(api, cronjob: dict[str, Any], scheduled: datetime.datetime, code: int,
+             message: str) -> str:
+    """What the CronJob controller, the Job controller and the kubelet leave behind for one
+    scheduled run that has ended: the Job, its pod with the container's exit code and
+    termination message, and the CronJob's lastScheduleTime. The Job is created already
+    ended, so the stand-in Job controller (which would run the command) leaves it alone."""
+    stamp = scheduled.strftime("%Y-%m-%dT%H:%M:%SZ")
+    ended = (scheduled + datetime.timedelta(minutes=4)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    kind = "Complete" if code == 0 else "Failed"
+    job = scheduled_job(cronjob, scheduled)
+    job["status"] = {"succeeded" if code == 0 else "failed": 1,
+                     **({"completionTime": ended} if code == 0 else {}),
+                     "conditions": [{"type": kind, "status": "True", "lastTransitionTime": ended,
+                                     "reason": "CompletionsReached" if code == 0
+                                     else "BackoffLimitExceeded"}]}
+    job = api.create(job)
+    name = job["metadata"]["name"]
+    template = cronjob["spec"]["jobTemplate"]["spec"]["template"]
+    (container,) = template["spec"]["containers"]
     api.create({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": f"{name}-x7k2p", "namespace": NS,
-                     "labels": {**template["spec"]["template"]["metadata"]["labels"],
+                     "labels": {**template["metadata"]["labels"],
                                 "batch.kubernetes.io/job-name": name},
                      "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": name,
                                           "uid": job["metadata"]["uid"], "controller": True}]},
-        "spec": template["spec"]["template"]["spec"],
+        "spec": template["spec"],
         "status": {"phase": "Succeeded" if code == 0 else "Failed", "containerStatuses": [
             {"name": container["name"], "ready": False, "restartCount": 0, "state": {
                 "terminated": {"exitCode": code, "message": message, "finishedAt": ended,
@@ -692,3 +703,40 @@ def test_scheduled_compaction_and_export_run_as_cronjobs_whose_runs_the_status_r
                                                   ("Warning", "CompactionFailed")]
     assert ours[1][2].startswith(f"Job {second} failed (exit 1): {reason}; CronJob "
                                  "demo-compact runs again at its next scheduled time")
+
+
+def test_a_scheduled_compaction_run_reports_the_pipelines_own_result(world):
+    """The rendered command run for real: the stand-in Job controller runs the Job the CronJob
+    controller would make as a `flotilla pipeline compact` process (Spark, local mode) on the
+    cluster's archive, and status.archiveJobs carries the result line the pipeline wrote to
+    its termination-log file."""
+    _, api, kubelet, root = world
+    (root / "archive").mkdir()
+    body = raft_cluster((root / "archive").as_uri(), replicas=1)
+    body["spec"]["archive"]["compaction"] = {"schedule": "@daily", "minCompactionLag": "0s"}
+    ready_cluster(api, kubelet, body, replicas=1)
+    with Client(kubelet.client_url("demo-0"), timeout=10) as c:
+        last = 0
+        for i in range(120):  # ten keys overwritten again and again: much to compact
+            last = c.put(f"k{i % 10}", f"v{i}".encode()).index
+        wait_for(lambda: (c.status()["archive"]["last_archived_index"] or 0) >= last, 30,
+                 f"the archive to reach index {last}")
+    compact = wait_for(lambda: get(api, "CronJob", "demo-compact"), 10, "the CronJob")
+    job = api.create(scheduled_job(compact, datetime.datetime.now(datetime.UTC)))
+    name = job["metadata"]["name"]
+    status = wait_status(api, lambda s: (s.get("archiveJobs") or {}).get("compaction", {}).get(
+        "lastOutcome") in ("Succeeded", "Failed"), "the compaction run to end", 240, kubelet)
+    entry = status["archiveJobs"]["compaction"]
+    assert (entry["lastJob"], entry["lastOutcome"], entry["exitCode"]) == (
+        name, "Succeeded", 0), entry
+    result = entry["result"]
+    assert result["cluster_id"] == status["clusterId"]
+    assert 0 < result["entries_after"] < result["entries_before"], result
+    assert result["cleaned_through"] > 0
+    (pod,) = kubelet.job_pods  # one run, no retry
+    assert pod.startswith(f"{name}-")
+    assert_admitted(api)
+    announced = [(kind, m) for kind, reason, m in events(api) if reason == "CompactionSucceeded"]
+    assert len(announced) == 1 and announced[0][0] == "Normal"
+    with Client(kubelet.client_url("demo-0"), timeout=10) as c:  # the cluster is untouched
+        assert c.get("k9").value == b"v119"
