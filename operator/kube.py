@@ -31,6 +31,7 @@ _RESOURCES = {
     "Event": ("/api/v1", "events"),
     "ConfigMap": ("/api/v1", "configmaps"),
     "Job": ("/apis/batch/v1", "jobs"),
+    "CronJob": ("/apis/batch/v1", "cronjobs"),
 }
 
 

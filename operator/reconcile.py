@@ -22,12 +22,13 @@ from typing import Any
 
 from flotilla.client import FlotillaError
 
-from . import render, restorejob
+from . import archivejobs, render, restorejob
+from .jobs import foreign
 from .kube import ApiError, Kube
 from .members import Members
 from .planner import CatchUp, Observed, Plan, Record, Slot, Step, plan
 from .restorejob import Move, Stage
-from .spec import ClusterSpec, SpecError
+from .spec import ARCHIVE_JOBS, ClusterSpec, SpecError
 
 __all__ = ["Outcome", "finalize", "reconcile"]
 
@@ -53,6 +54,9 @@ _MUTABLE = {
     "StatefulSet": ("replicas", "template", "updateStrategy"),
     "Service": ("ports", "publishNotReadyAddresses"),
     "PodDisruptionBudget": ("maxUnavailable",),
+    "CronJob": ("schedule", "timeZone", "suspend", "concurrencyPolicy",
+                "startingDeadlineSeconds", "successfulJobsHistoryLimit",
+                "failedJobsHistoryLimit", "jobTemplate"),
 }
 
 
@@ -128,6 +132,8 @@ def reconcile(kube: Kube, body: Mapping[str, Any], *, default_image: str,
         created = _ensure(kube, obj, current)
         if created:
             events.append(("Normal", "Created", f"{obj['kind']} {obj['metadata']['name']}"))
+    archive_jobs, job_events = _archive_jobs(kube, spec, old)
+    events += job_events
 
     # The step.
     step_error = None
@@ -143,6 +149,8 @@ def reconcile(kube: Kube, body: Mapping[str, Any], *, default_image: str,
         else:
             events.append(("Normal", REASONS[action.step], action.describe()))
     status = _status(spec, old, result, pods, statuses, voters, step_error, stage)
+    if archive_jobs is not None:
+        status["archiveJobs"] = archive_jobs
     return Outcome(status, events, result)
 
 
@@ -189,6 +197,64 @@ def _restore_stage(kube: Kube, spec: ClusterSpec,
     elif stage.move is Move.PROCEED and before != stage.reason:
         events.append(("Normal", "RestoreJobSucceeded", stage.message))
     return stage, events
+
+
+# --- scheduled compaction and export ----------------------------------------------------------
+
+
+def _archive_jobs(kube: Kube, spec: ClusterSpec, old: Mapping[str, Any]
+                  ) -> tuple[dict[str, Any] | None, list[tuple[str, str, str]]]:
+    """The CronJobs of spec.archive.compaction and .export brought in line with the spec
+    (created, patched, or deleted with their Jobs when their block is gone), and
+    status.archiveJobs from their newest Jobs (archivejobs.py). None, and not one API call,
+    when no block is set and status records none."""
+    wanted = spec.archive.scheduled() if spec.archive is not None else {}
+    recorded = old.get("archiveJobs") or {}
+    if not wanted and not recorded:
+        return None, []
+    cronjobs = {c["metadata"]["name"]: c
+                for c in kube.list("CronJob", spec.namespace, spec.archive_jobs_selector)}
+    report: dict[str, Any] = {}
+    events: list[tuple[str, str, str]] = []
+    for kind in ARCHIVE_JOBS:
+        name = spec.archive_job_name(kind)
+        current = cronjobs.get(name)
+        if kind not in wanted or (current is not None and foreign(current, spec.uid)):
+            # Gone from the spec, or left by an earlier RaftCluster of this name (then made
+            # again next round): its Jobs and their pods go with it.
+            if current is not None:
+                kube.delete("CronJob", spec.namespace, name, propagation="Background")
+                if kind not in wanted:
+                    events.append(("Normal", "Deleted",
+                                   f"CronJob {name}: spec.archive.{kind} was removed"))
+            if kind not in wanted and kind in recorded:
+                report[kind] = None  # merge patch: removes the entry
+            continue
+        if _ensure(kube, render.archive_cronjob(spec, kind), current):
+            events.append(("Normal", "Created", f"CronJob {name}"))
+        before = recorded.get(kind) or {}
+        job = archivejobs.newest(kube.list("Job", spec.namespace,
+                                           spec.archive_job_selector(kind)))
+        pods = (kube.list("Pod", spec.namespace, spec.archive_job_selector(kind))
+                if archivejobs.needs_pods(job, before) else [])
+        now = archivejobs.entry(spec, kind, current, job, pods, before)
+        report[kind] = _replacing(before, now)
+        announced = archivejobs.event(spec, kind, now, before)
+        if announced is not None:
+            events.append(announced)
+    return report, events
+
+
+def _replacing(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
+    """The merge patch (RFC 7386, how status is written) that turns `before` into `after`: what
+    `before` has and `after` has not is set to null, at every depth, so nothing of an earlier
+    run (its message, a key of its result) lingers beside the newer one."""
+    patch: dict[str, Any] = {key: None for key in before if key not in after}
+    for key, value in after.items():
+        old = before.get(key)
+        patch[key] = (_replacing(old, value) if isinstance(value, Mapping)
+                      and isinstance(old, Mapping) else value)
+    return patch
 
 
 def _restoring_status(spec: ClusterSpec, old: Mapping[str, Any], stage: Stage) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """The objects the operator owns for a RaftCluster, as plain dicts ready for the API server:
-the members' objects, and for a point-in-time restore the Job that runs before them.
+the members' objects, for a point-in-time restore the Job that runs before them, and the
+CronJobs of scheduled compaction and export.
 
 Pure functions of a checked `ClusterSpec` plus what only the operator knows: who bootstrapped
 the cluster, whether it has, and how many pods the planner wants. Every node flag reaches the
@@ -14,7 +15,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .spec import API_VERSION, CLIENT_PORT, KIND, PEER_PORT, ClusterSpec, SecretKey
+from .spec import (
+    API_VERSION,
+    ARCHIVE_JOBS,
+    CLIENT_PORT,
+    KIND,
+    PEER_PORT,
+    ClusterSpec,
+    Compaction,
+    SecretKey,
+)
 
 MOUNT_PATH = "/var/lib/flotilla"
 DATA_DIR = f"{MOUNT_PATH}/data"  # a subdirectory: a fresh ext4 volume holds lost+found
@@ -150,7 +160,7 @@ def node_env(
     return [var for var in env if var is not None]
 
 
-# --- the point-in-time restore Job ------------------------------------------------------------
+# --- the pipeline's Jobs: the point-in-time restore, scheduled compaction and export ------------
 
 RESTORE_CONTAINER = "snapshot-at"
 SCRATCH_VOLUME = "scratch"
@@ -158,9 +168,11 @@ SCRATCH_PATH = "/tmp"  # Spark's and the JVM's temporary files; the root filesys
 TERMINATION_LOG = "/dev/termination-log"
 # Local mode on two cores, with memory for the driver's JVM (1 GiB heap), its Python and two
 # Python workers. Archives whose fold does not fit want a Spark cluster (`--master`), run by hand.
-RESTORE_MASTER = "local[2]"
-RESTORE_RESOURCES = {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "3Gi"}}
+PIPELINE_MASTER = "local[2]"
+PIPELINE_RESOURCES = {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "3Gi"}}
 RESTORE_BACKOFF_LIMIT = 2
+# A scheduled run retries once; the next schedule is the retry after that.
+ARCHIVE_JOB_BACKOFF_LIMIT = 1
 # The pipeline's exit codes that a rerun cannot change: bad flags or no Java / PySpark in the
 # image (2), a target outside the archive (4). They fail the Job at once.
 FINAL_EXIT_CODES = (2, 4)
@@ -169,6 +181,14 @@ FINAL_EXIT_CODES = (2, 4)
 # is the container's, for the Job's podFailurePolicy. FallbackToLogsOnError covers a process
 # that died before it could write (killed for memory, say): then the log's tail is the message.
 RESTORE_COMMAND = ["flotilla", "pipeline", "snapshot-at"]
+# CronJobs: a run never overlaps the one before (Forbid): two compactions of one archive would
+# only race for the same manifest. A run the controller could not start within five minutes of
+# its time is skipped, not started late; the last three Jobs of each outcome are kept, for
+# `kubectl logs` and for status.archiveJobs. The schedule is read in UTC wherever the
+# controller runs.
+CRON_TIME_ZONE = "Etc/UTC"
+CRON_STARTING_DEADLINE_SECONDS = 300
+CRON_HISTORY_LIMIT = 3
 
 
 def restore_job(spec: ClusterSpec) -> Manifest:
@@ -183,31 +203,96 @@ def restore_job(spec: ClusterSpec) -> Manifest:
     args = ["--archive", restore.url]
     if restore.cluster_id is not None:
         args += ["--cluster-id", restore.cluster_id]
+    args += _archive_access(spec)
+    args += ["--index", str(restore.index)] if restore.index is not None else [
+        "--time", str(restore.time)]
+    args += ["--to-cluster-id", cluster_id, "--result-file", TERMINATION_LOG]
+    labels = spec.restore_job_labels
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": spec.restore_job_name, "namespace": spec.namespace,
+                     "labels": labels, "ownerReferences": [owner_reference(spec)]},
+        "spec": _pipeline_job_spec(spec, RESTORE_CONTAINER, RESTORE_COMMAND, args, labels,
+                                   RESTORE_BACKOFF_LIMIT),
+    }
+
+
+def archive_cronjob(spec: ClusterSpec, kind: str) -> Manifest:
+    """spec.archive.<kind> (compaction, export) as a CronJob NAME-compact or NAME-export, whose
+    Jobs run `flotilla pipeline compact` or `export` on this cluster's own archive, in the pod
+    the restore Job runs in (image, credentials, limits, a scratch /tmp). Only the settings
+    the spec gives become flags: the pipeline's defaults apply to the rest."""
     archive = spec.archive
+    scheduled = archive.scheduled().get(kind) if archive is not None else None
+    if archive is None or scheduled is None:
+        raise ValueError(f"no spec.archive.{kind} to schedule")
+    job = ARCHIVE_JOBS[kind]
+    args = ["--archive", archive.url, "--cluster-id", spec.cluster_id, *_archive_access(spec)]
+    if isinstance(scheduled, Compaction):
+        for flag, value in (("--min-compaction-lag", scheduled.min_compaction_lag),
+                            ("--delete-retention", scheduled.delete_retention),
+                            ("--min-cleanable-dirty-ratio", scheduled.min_cleanable_dirty_ratio),
+                            ("--max-compaction-lag", scheduled.max_compaction_lag)):
+            if value is not None:
+                args += [flag, str(value)]
+    else:
+        args += ["--to", scheduled.destination, "--format", scheduled.format]
+    args += ["--result-file", TERMINATION_LOG]
+    labels = spec.archive_job_labels(kind)
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "CronJob",
+        "metadata": {"name": spec.archive_job_name(kind), "namespace": spec.namespace,
+                     "labels": labels, "ownerReferences": [owner_reference(spec)]},
+        "spec": {
+            "schedule": scheduled.schedule,
+            "timeZone": CRON_TIME_ZONE,
+            "suspend": scheduled.suspend,
+            "concurrencyPolicy": "Forbid",
+            "startingDeadlineSeconds": CRON_STARTING_DEADLINE_SECONDS,
+            "successfulJobsHistoryLimit": CRON_HISTORY_LIMIT,
+            "failedJobsHistoryLimit": CRON_HISTORY_LIMIT,
+            "jobTemplate": {
+                "metadata": {"labels": labels},
+                "spec": _pipeline_job_spec(spec, job, ["flotilla", "pipeline", job], args,
+                                           labels, ARCHIVE_JOB_BACKOFF_LIMIT),
+            },
+        },
+    }
+
+
+def _archive_access(spec: ClusterSpec) -> list[str]:
+    """The flags every pipeline Job shares: spec.archive's endpoint and region, the master."""
+    archive, args = spec.archive, []
     if archive is not None and archive.endpoint is not None:
         args += ["--s3-endpoint", archive.endpoint]
     if archive is not None and archive.region is not None:
         args += ["--s3-region", archive.region]
-    args += ["--master", RESTORE_MASTER]
-    args += ["--index", str(restore.index)] if restore.index is not None else [
-        "--time", str(restore.time)]
-    args += ["--to-cluster-id", cluster_id, "--result-file", TERMINATION_LOG]
+    return [*args, "--master", PIPELINE_MASTER]
+
+
+def _pipeline_job_spec(spec: ClusterSpec, container_name: str, command: list[str],
+                       args: list[str], labels: dict[str, str], backoff_limit: int) -> Manifest:
+    """A Job running one pipeline command in the members' image, with spec.archive's
+    credentials (the members' Secret, through secretKeyRef) and nothing else of theirs."""
     env = [
         _value("SPARK_LOCAL_IP", "127.0.0.1"),
         _value("HOME", SCRATCH_PATH),
     ]
+    archive = spec.archive
     if archive is not None:  # the same credentials as the members', through the same Secret
         env += [_secret("AWS_ACCESS_KEY_ID", archive.access_key_id),
                 _secret("AWS_SECRET_ACCESS_KEY", archive.secret_access_key)]
     container: Manifest = {
-        "name": RESTORE_CONTAINER,
+        "name": container_name,
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
-        "command": list(RESTORE_COMMAND),
+        "command": list(command),
         "args": args,
         "workingDir": SCRATCH_PATH,
         "env": [var for var in env if var is not None],
-        "resources": {kind: dict(values) for kind, values in RESTORE_RESOURCES.items()},
+        "resources": {kind: dict(values) for kind, values in PIPELINE_RESOURCES.items()},
         "volumeMounts": [{"name": SCRATCH_VOLUME, "mountPath": SCRATCH_PATH}],
         "terminationMessagePath": TERMINATION_LOG,
         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -217,31 +302,24 @@ def restore_job(spec: ClusterSpec) -> Manifest:
             "capabilities": {"drop": ["ALL"]},
         },
     }
-    labels = spec.restore_job_labels
     return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": spec.restore_job_name, "namespace": spec.namespace,
-                     "labels": labels, "ownerReferences": [owner_reference(spec)]},
-        "spec": {
-            "backoffLimit": RESTORE_BACKOFF_LIMIT,
-            "podFailurePolicy": {"rules": [
-                {"action": "FailJob",
-                 "onExitCodes": {"containerName": RESTORE_CONTAINER, "operator": "In",
-                                 "values": list(FINAL_EXIT_CODES)}},
-                {"action": "Ignore",
-                 "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
-            ]},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "restartPolicy": "Never",  # the Job retries; podFailurePolicy needs Never
-                    "automountServiceAccountToken": False,
-                    "enableServiceLinks": False,
-                    "securityContext": _pod_security(),
-                    "containers": [container],
-                    "volumes": [{"name": SCRATCH_VOLUME, "emptyDir": {}}],
-                },
+        "backoffLimit": backoff_limit,
+        "podFailurePolicy": {"rules": [
+            {"action": "FailJob",
+             "onExitCodes": {"containerName": container_name, "operator": "In",
+                             "values": list(FINAL_EXIT_CODES)}},
+            {"action": "Ignore",
+             "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+        ]},
+        "template": {
+            "metadata": {"labels": labels},
+            "spec": {
+                "restartPolicy": "Never",  # the Job retries; podFailurePolicy needs Never
+                "automountServiceAccountToken": False,
+                "enableServiceLinks": False,
+                "securityContext": _pod_security(),
+                "containers": [container],
+                "volumes": [{"name": SCRATCH_VOLUME, "emptyDir": {}}],
             },
         },
     }

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from .jobs import JobPhase, foreign, read_job
 from .render import FINAL_EXIT_CODES, RESTORE_CONTAINER
 from .spec import ClusterSpec
 
@@ -42,14 +43,6 @@ RUNNING = "SnapshotJobRunning"
 SUCCEEDED = "SnapshotJobSucceeded"
 OUTSIDE = "RestoreTargetOutsideArchive"
 FAILED = "SnapshotJobFailed"
-
-
-class JobPhase(Enum):
-    MISSING = "missing"
-    FOREIGN = "foreign"  # a Job of this name owned by another object (an earlier RaftCluster)
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,45 +84,12 @@ def observe(job: Mapping[str, Any] | None, pods: Iterable[Mapping[str, Any]],
             owner_uid: str) -> JobRun:
     if job is None:
         return JobRun(JobPhase.MISSING)
-    owners = (job.get("metadata") or {}).get("ownerReferences") or []
-    if owner_uid and not any(o.get("uid") == owner_uid for o in owners):
+    if foreign(job, owner_uid):
         return JobRun(JobPhase.FOREIGN)
-    conditions = {c.get("type"): c for c in (job.get("status") or {}).get("conditions") or []
-                  if c.get("status") == "True"}
-    # Kubernetes 1.31+ sets SuccessCriteriaMet / FailureTarget first, Complete / Failed once
-    # the pods are gone; either says how it ends.
-    failed = conditions.get("Failed") or conditions.get("FailureTarget")
-    succeeded = conditions.get("Complete") or conditions.get("SuccessCriteriaMet")
-    if failed is None and succeeded is None:
-        return JobRun(JobPhase.RUNNING)
-    # Only this Job's own pods: those of a Job it replaced may linger until collected.
-    uid = (job.get("metadata") or {}).get("uid")
-    exit_code, message = _last_termination(
-        p for p in pods if not uid or any(o.get("uid") == uid for o in (
-            p.get("metadata") or {}).get("ownerReferences") or []))
-    if failed is not None:
-        return JobRun(JobPhase.FAILED, exit_code,
-                      message or str(failed.get("message") or failed.get("reason") or ""))
-    return JobRun(JobPhase.SUCCEEDED, exit_code, message, SnapshotResult.parse(message))
-
-
-def _last_termination(pods: Iterable[Mapping[str, Any]]) -> tuple[int | None, str]:
-    """The exit code and the last line of the termination message of the pod that ended last."""
-    ended = []
-    for pod in pods:
-        for status in (pod.get("status") or {}).get("containerStatuses") or []:
-            terminated = (status.get("state") or {}).get("terminated")
-            if status.get("name") == RESTORE_CONTAINER and terminated:
-                ended.append((str(terminated.get("finishedAt") or ""),
-                              str((pod.get("metadata") or {}).get("creationTimestamp") or ""),
-                              terminated))
-    if not ended:
-        return None, ""
-    terminated = max(ended, key=lambda e: e[:2])[2]
-    lines = [line.strip() for line in str(terminated.get("message") or "").splitlines()]
-    code = terminated.get("exitCode")
-    return (int(code) if code is not None else None), next(
-        (line for line in reversed(lines) if line), "")
+    end = read_job(job, pods, RESTORE_CONTAINER)
+    if end.phase is JobPhase.SUCCEEDED:
+        return JobRun(end.phase, end.exit_code, end.message, SnapshotResult.parse(end.message))
+    return JobRun(end.phase, end.exit_code, end.message)
 
 
 class Move(Enum):

@@ -46,6 +46,27 @@ _QUANTITY = re.compile(
 _BINARY = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
 _DECIMAL = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
 _ARCHIVE_EXAMPLE = "s3://bucket/prefix or file:///absolute/path"
+# The pipeline's durations (`--min-compaction-lag 24h`): a whole number of seconds, minutes or
+# hours. Six digits at most, so that any of them is a valid Kubernetes CEL duration too.
+_DURATION = re.compile(r"(?P<number>[0-9]{1,6})(?P<unit>[smh])")
+_SECONDS = {"s": 1, "m": 60, "h": 3600}
+# A CronJob's schedule: what the API server accepts (robfig/cron's standard parser): five
+# fields, or one of these shorthands.
+CRON_SHORTHANDS = ("@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight",
+                   "@hourly")
+_MONTHS = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
+_WEEKDAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
+_CRON_FIELDS = (  # name, lowest, highest, names for 1.. or 0.. upwards
+    ("minute", 0, 59, {}),
+    ("hour", 0, 23, {}),
+    ("day-of-month", 1, 31, {}),
+    ("month", 1, 12, {name: i + 1 for i, name in enumerate(_MONTHS)}),
+    ("day-of-week", 0, 6, {name: i for i, name in enumerate(_WEEKDAYS)}),
+)
+# The scheduled pipeline jobs: the field of spec.archive that asks for one, and the pipeline
+# job it runs, which also names its CronJob (NAME-compact, NAME-export).
+ARCHIVE_JOBS = {"compaction": "compact", "export": "export"}
+MAX_CRONJOB_NAME_LENGTH = 52  # the API server's limit: Job names add 11 characters
 
 
 class SpecError(ValueError):
@@ -76,6 +97,29 @@ class SecretKey:
 
 
 @dataclass(frozen=True)
+class Compaction:
+    """spec.archive.compaction: `flotilla pipeline compact` on a schedule. A setting left
+    None is not passed, so the pipeline's own default applies."""
+
+    schedule: str  # cron, in UTC
+    min_compaction_lag: str | None = None  # durations as the pipeline reads them: 24h, 30m, 0s
+    delete_retention: str | None = None
+    max_compaction_lag: str | None = None
+    min_cleanable_dirty_ratio: float | None = None  # more than 0, at most 1
+    suspend: bool = False
+
+
+@dataclass(frozen=True)
+class Export:
+    """spec.archive.export: `flotilla pipeline export` of the change log on a schedule."""
+
+    schedule: str  # cron, in UTC
+    destination: str  # s3://bucket/prefix or file:///path, written with the archive's credentials
+    format: str = "parquet"  # parquet | delta
+    suspend: bool = False
+
+
+@dataclass(frozen=True)
 class Archive:
     url: str
     endpoint: str | None = None
@@ -84,6 +128,13 @@ class Archive:
     secret_access_key: SecretKey | None = None
     keep_snapshots: int = 3
     interval_ms: int = 5000
+    compaction: Compaction | None = None
+    export: Export | None = None
+
+    def scheduled(self) -> dict[str, Compaction | Export]:
+        """The scheduled jobs asked for, by kind: their field's name, a key of ARCHIVE_JOBS."""
+        jobs = {"compaction": self.compaction, "export": self.export}
+        return {kind: job for kind, job in jobs.items() if job is not None}
 
 
 @dataclass(frozen=True)
@@ -152,6 +203,8 @@ class ClusterSpec:
         status = body.get("status")
         recorded_id = status.get("clusterId") if isinstance(status, Mapping) else None
         archive = _archive(spec.section("archive")) if spec.present("archive") else None
+        if archive is not None:
+            _check_cronjob_names(name, archive)
         restore = _bootstrap(spec.section("bootstrap")) if spec.present("bootstrap") else None
         admin_token = (_secret_key(spec.section("adminTokenSecret"), "key", "token")
                        if spec.present("adminTokenSecret") else None)
@@ -214,6 +267,30 @@ class ClusterSpec:
     @property
     def restore_job_selector(self) -> str:
         return ",".join(f"{key}={value}" for key, value in self.restore_job_labels.items())
+
+    def archive_job_name(self, kind: str) -> str:
+        """The CronJob of spec.archive.<kind> (compaction, export): NAME-compact, NAME-export."""
+        return f"{self.name}-{ARCHIVE_JOBS[kind]}"
+
+    def archive_job_labels(self, kind: str) -> dict[str, str]:
+        """A scheduled job's CronJob, its Jobs and their pods. Like the restore Job's, not
+        the members' name label, so no member selector takes its pods for members."""
+        job = ARCHIVE_JOBS[kind]
+        return {
+            "app.kubernetes.io/name": f"flotilla-{job}",
+            "app.kubernetes.io/instance": self.name,
+            "app.kubernetes.io/managed-by": "flotilla-operator",
+            "app.kubernetes.io/component": f"{job}-job",
+        }
+
+    def archive_job_selector(self, kind: str) -> str:
+        return ",".join(f"{k}={v}" for k, v in self.archive_job_labels(kind).items())
+
+    @property
+    def archive_jobs_selector(self) -> str:
+        """Every CronJob the operator made for this cluster (both kinds)."""
+        return (f"app.kubernetes.io/instance={self.name},"
+                "app.kubernetes.io/managed-by=flotilla-operator")
 
     @property
     def selector(self) -> str:
@@ -350,7 +427,126 @@ def _archive(fields: _Fields) -> Archive:
         secret_access_key=secret_access_key,
         keep_snapshots=fields.integer("keepSnapshots", default=3, minimum=1),
         interval_ms=fields.integer("intervalMs", default=5000, minimum=100),
+        compaction=(_compaction(fields.section("compaction"))
+                    if fields.present("compaction") else None),
+        export=_export(fields.section("export")) if fields.present("export") else None,
     )
+
+
+def _compaction(fields: _Fields) -> Compaction:
+    compaction = Compaction(
+        schedule=_schedule(fields),
+        min_compaction_lag=_duration(fields, "minCompactionLag"),
+        delete_retention=_duration(fields, "deleteRetention"),
+        max_compaction_lag=_duration(fields, "maxCompactionLag"),
+        min_cleanable_dirty_ratio=_dirty_ratio(fields, "minCleanableDirtyRatio"),
+        suspend=fields.boolean("suspend", default=False),
+    )
+    least, most = compaction.min_compaction_lag, compaction.max_compaction_lag
+    if least is not None and most is not None and seconds(least) > seconds(most):
+        raise SpecError(
+            f"{fields.where('minCompactionLag')} ({least}) must not exceed "
+            f"{fields.where('maxCompactionLag')} ({most}): no entry younger than the first is "
+            "compacted, and every entry older than the second is, whatever the dirty ratio"
+        )
+    return compaction
+
+
+def _export(fields: _Fields) -> Export:
+    return Export(
+        schedule=_schedule(fields),
+        destination=_archive_url(fields, "destination", meaning="where the change log goes"),
+        format=fields.choice("format", ("parquet", "delta"), "parquet"),
+        suspend=fields.boolean("suspend", default=False),
+    )
+
+
+def _check_cronjob_names(name: str, archive: Archive) -> None:
+    for kind in archive.scheduled():
+        cronjob = f"{name}-{ARCHIVE_JOBS[kind]}"
+        if len(cronjob) > MAX_CRONJOB_NAME_LENGTH:
+            longest = MAX_CRONJOB_NAME_LENGTH - len(cronjob) + len(name)
+            raise SpecError(
+                f"metadata.name {name!r} is too long for spec.archive.{kind}: its CronJob "
+                f"{cronjob} may have at most {MAX_CRONJOB_NAME_LENGTH} characters, so the "
+                f"RaftCluster's name at most {longest}; run the job by hand, or use a shorter "
+                "name"
+            )
+
+
+def _schedule(fields: _Fields) -> str:
+    where = fields.where("schedule")
+    schedule = fields.string("schedule", required='when to run, in cron syntax, such as '
+                             '"0 3 * * *" (03:00 UTC every day)')
+    problem = cron_problem(schedule)
+    if problem is not None:
+        raise SpecError(
+            f"{where} must be a cron schedule: five fields (minute hour day-of-month month "
+            f'day-of-week, in UTC, such as "0 3 * * *" or "*/30 * * * mon-fri") or one of '
+            f"{', '.join(CRON_SHORTHANDS)}; {schedule!r} {problem}"
+        )
+    return schedule
+
+
+def cron_problem(schedule: str) -> str | None:
+    """What is wrong with a cron schedule, in words ("has 4 fields"), or None if the API
+    server takes it for a CronJob: five fields of values, `*` or `?`, ranges (`1-5`), lists
+    (`1,15`) and steps (`*/10`, `5-50/5`); months and weekdays also by name (jan, mon)."""
+    if schedule in CRON_SHORTHANDS:
+        return None
+    parts = schedule.split()
+    if len(parts) != len(_CRON_FIELDS):
+        return f"has {len(parts)} field{'s' if len(parts) != 1 else ''}"
+    for part, (name, lowest, highest, names) in zip(parts, _CRON_FIELDS, strict=True):
+        for item in part.split(","):
+            span, slash, step = item.partition("/")
+            bad_step = slash and not (step.isdigit() and int(step) > 0)
+            if span in ("*", "?") and not bad_step:
+                continue
+            first, dash, last = span.partition("-")
+            ends = [_cron_value(end, names) for end in ((first, last) if dash else (first,))]
+            if (bad_step or None in ends or any(not lowest <= end <= highest for end in ends)
+                    or ends[0] > ends[-1]):
+                return (f"has {item!r} as its {name}: use {lowest}-{highest}"
+                        f"{' or names' if names else ''}, '*', a range, a list or a step")
+    return None
+
+
+def _cron_value(text: str, names: Mapping[str, int]) -> int | None:
+    if text.isdigit():
+        return int(text)
+    return names.get(text.lower())
+
+
+def _duration(fields: _Fields, key: str) -> str | None:
+    value = fields.string(key)
+    if value is not None and not _DURATION.fullmatch(value):
+        raise SpecError(
+            f"{fields.where(key)} must be a duration: a whole number of seconds, minutes or "
+            f"hours of at most 6 digits, such as 30m, 24h or 0s (7 days is 168h), not {value!r}"
+        )
+    return value
+
+
+def seconds(duration: str) -> int:
+    """The seconds of a duration the spec accepts (24h -> 86400)."""
+    match = _DURATION.fullmatch(duration)
+    if match is None:
+        raise ValueError(f"{duration!r} is not a duration such as 30m or 24h")
+    return int(match["number"]) * _SECONDS[match["unit"]]
+
+
+def _dirty_ratio(fields: _Fields, key: str) -> float | None:
+    value = fields.values.get(key)
+    if value is None:
+        return None
+    if (isinstance(value, bool) or not isinstance(value, int | float)
+            or not 0 < value <= 1):
+        raise SpecError(
+            f"{fields.where(key)} must be a number more than 0 and at most 1, such as 0.5 "
+            f"(compact once half of the log past the lag is not compacted yet), not {value!r}"
+        )
+    return float(value)
 
 
 def _bootstrap(fields: _Fields) -> Restore | None:

@@ -61,6 +61,7 @@ RESOURCES = {
     "v1/secrets": ("Secret", set()),
     "v1/configmaps": ("ConfigMap", set()),
     "batch/v1/jobs": ("Job", set()),
+    "batch/v1/cronjobs": ("CronJob", set()),
 }
 VERBS = {"list", "watch", "get", "create", "patch", "delete"}
 _DNS = re.compile(r"http://([a-z0-9-]+)\.[a-z0-9-]+\.[a-z0-9-]+\.svc:(2379|2380)")

@@ -8,11 +8,14 @@ status says Ready. Scale to 5 and back to 3 through spec.replicas (what `kubectl
 through the scale subresource): the Events show the steps in order (learners, catch-up, one
 joint change; leadership moved, one joint change, shrink, volumes by policy) and every
 acknowledged write is still there. Delete the RaftCluster: the finalizer takes a final snapshot
-into the archive before letting it go.
+into the archive before letting it go. With spec.archive.compaction and .export, CronJobs appear,
+follow the spec (patched, deleted with their block), and the outcome of their Jobs reaches
+status.archiveJobs and the Events; one compaction runs for real, through Spark.
 """
 
 from __future__ import annotations
 
+import datetime
 import itertools
 import json
 import os
@@ -435,8 +438,9 @@ def restoring(archive: str, restore: dict[str, Any], name: str = "restored") -> 
 
 
 def test_a_point_in_time_restore_runs_the_snapshot_job_then_the_members(world):
-    """The one real Spark run of the operator's tests: the Job publishes the state at a time
-    of the source's archive, and the members of the new cluster restore exactly that."""
+    """One of the operator tests' two real Spark runs (the other compacts, below): the Job
+    publishes the state at a time of the source's archive, and the members of the new cluster
+    restore exactly that."""
     _, api, kubelet, root = world
     (root / "archive").mkdir()
     archive = (root / "archive").as_uri()
@@ -550,3 +554,189 @@ def test_restore_targets_outside_the_archive_start_no_member(world):
     assert not [p for p in kubelet.started if p != "demo-0"]
     assert sorted(p.rsplit("-", 1)[0] for p in kubelet.job_pods) == [
         "before-start-restore", "past-end-restore"]
+
+
+# --- scheduled compaction and export: CronJobs and the outcome of their Jobs ---------------------
+
+
+def scheduled_job(cronjob: dict[str, Any], scheduled: datetime.datetime) -> dict[str, Any]:
+    """The Job the CronJob controller makes for a scheduled time: from the jobTemplate, named
+    after the scheduled minute, labelled, annotated and owned as the controller does."""
+    minutes = int(scheduled.timestamp()) // 60
+    template = cronjob["spec"]["jobTemplate"]
+    return {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": f"{cronjob['metadata']['name']}-{minutes}", "namespace": NS,
+                     "labels": template["metadata"]["labels"],
+                     "annotations": {"batch.kubernetes.io/cronjob-scheduled-timestamp":
+                                     scheduled.strftime("%Y-%m-%dT%H:%M:%SZ")},
+                     "ownerReferences": [{"apiVersion": "batch/v1", "kind": "CronJob",
+                                          "name": cronjob["metadata"]["name"],
+                                          "uid": cronjob["metadata"]["uid"],
+                                          "controller": True, "blockOwnerDeletion": True}]},
+        "spec": template["spec"],
+    }
+
+
+def cron_run(api, cronjob: dict[str, Any], scheduled: datetime.datetime, code: int,
+             message: str) -> str:
+    """What the CronJob controller, the Job controller and the kubelet leave behind for one
+    scheduled run that has ended: the Job, its pod with the container's exit code and
+    termination message, and the CronJob's lastScheduleTime. The Job is created already
+    ended, so the stand-in Job controller (which would run the command) leaves it alone."""
+    stamp = scheduled.strftime("%Y-%m-%dT%H:%M:%SZ")
+    ended = (scheduled + datetime.timedelta(minutes=4)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    kind = "Complete" if code == 0 else "Failed"
+    job = scheduled_job(cronjob, scheduled)
+    job["status"] = {"succeeded" if code == 0 else "failed": 1,
+                     **({"completionTime": ended} if code == 0 else {}),
+                     "conditions": [{"type": kind, "status": "True", "lastTransitionTime": ended,
+                                     "reason": "CompletionsReached" if code == 0
+                                     else "BackoffLimitExceeded"}]}
+    job = api.create(job)
+    name = job["metadata"]["name"]
+    template = cronjob["spec"]["jobTemplate"]["spec"]["template"]
+    (container,) = template["spec"]["containers"]
+    api.create({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": f"{name}-x7k2p", "namespace": NS,
+                     "labels": {**template["metadata"]["labels"],
+                                "batch.kubernetes.io/job-name": name},
+                     "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": name,
+                                          "uid": job["metadata"]["uid"], "controller": True}]},
+        "spec": template["spec"],
+        "status": {"phase": "Succeeded" if code == 0 else "Failed", "containerStatuses": [
+            {"name": container["name"], "ready": False, "restartCount": 0, "state": {
+                "terminated": {"exitCode": code, "message": message, "finishedAt": ended,
+                               "reason": "Completed" if code == 0 else "Error"}}}]}})
+    api.patch("CronJob", NS, cronjob["metadata"]["name"],
+              {"status": {"lastScheduleTime": stamp}})
+    return name
+
+
+def test_scheduled_compaction_and_export_run_as_cronjobs_whose_runs_the_status_reports(world):
+    _, api, _, root = world
+    (root / "archive").mkdir()
+    body = raft_cluster((root / "archive").as_uri())
+    body["spec"]["archive"].update(
+        compaction={"schedule": "0 3 * * *", "minCompactionLag": "24h",
+                    "minCleanableDirtyRatio": 0.5},
+        export={"schedule": "@hourly", "destination": (root / "lake").as_uri()})
+    api.create(body)
+
+    # 1. Both CronJobs, as rendered: the cluster's archive and id, owned by the RaftCluster.
+    wait_for(lambda: get(api, "CronJob", "demo-compact") and get(api, "CronJob", "demo-export"),
+             30, "the two CronJobs")
+    cluster_id = wait_status(api, lambda s: bool(s.get("clusterId")), "the cluster id")[
+        "clusterId"]
+    compact = get(api, "CronJob", "demo-compact")
+    assert compact["metadata"]["ownerReferences"][0]["name"] == NAME
+    assert compact["metadata"]["labels"]["app.kubernetes.io/name"] == "flotilla-compact"
+    spec = compact["spec"]
+    assert (spec["schedule"], spec["timeZone"], spec["concurrencyPolicy"], spec["suspend"]) == (
+        "0 3 * * *", "Etc/UTC", "Forbid", False)
+    (container,) = spec["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    assert [*container["command"], *container["args"]] == [
+        "flotilla", "pipeline", "compact", "--archive", (root / "archive").as_uri(),
+        "--cluster-id", cluster_id, "--master", "local[2]", "--min-compaction-lag", "24h",
+        "--min-cleanable-dirty-ratio", "0.5", "--result-file", "/dev/termination-log"]
+    (container,) = get(api, "CronJob", "demo-export")["spec"]["jobTemplate"]["spec"][
+        "template"]["spec"]["containers"]
+    assert container["args"][-6:] == ["--to", (root / "lake").as_uri(), "--format", "parquet",
+                                      "--result-file", "/dev/termination-log"]
+    status = wait_status(api, lambda s: set(s.get("archiveJobs") or {}) == {"compaction",
+                                                                           "export"},
+                         "status.archiveJobs for both")
+    assert status["archiveJobs"] == {"compaction": {"cronJob": "demo-compact"},
+                                     "export": {"cronJob": "demo-export"}}
+    created = [m for _, reason, m in events(api) if reason == "Created"]
+    assert "CronJob demo-compact" in created and "CronJob demo-export" in created
+
+    # 2. A new schedule and flag are patched in; the export block removed deletes its CronJob.
+    api.patch("RaftCluster", NS, NAME, {"metadata": {"generation": 2}, "spec": {"archive": {
+        "compaction": {"schedule": "30 4 * * mon-fri", "deleteRetention": "168h"},
+        "export": None}}})
+    wait_for(lambda: get(api, "CronJob", "demo-compact")["spec"]["schedule"]
+             == "30 4 * * mon-fri", 30, "the new schedule")
+    (container,) = get(api, "CronJob", "demo-compact")["spec"]["jobTemplate"]["spec"][
+        "template"]["spec"]["containers"]
+    assert container["args"][-6:] == ["--delete-retention", "168h", "--min-cleanable-dirty-ratio",
+                                      "0.5", "--result-file", "/dev/termination-log"]
+    wait_for(lambda: get(api, "CronJob", "demo-export") is None, 30, "demo-export to go")
+    wait_status(api, lambda s: set(s.get("archiveJobs") or {}) == {"compaction"},
+                "the export entry to leave status")
+    assert ("Normal", "Deleted", "CronJob demo-export: spec.archive.export was removed") in \
+        events(api)
+
+    # 3. A run that succeeded: its result line in status, one Normal event.
+    compact = get(api, "CronJob", "demo-compact")
+    result = {"cleaned_through": 900, "entries_before": 1000, "entries_after": 240,
+              "bytes_before": 81000, "bytes_after": 19500}
+    first = cron_run(api, compact, datetime.datetime(2026, 3, 2, 4, 30, tzinfo=datetime.UTC),
+                     0, json.dumps(result) + "\n")
+    status = wait_status(api, lambda s: s["archiveJobs"]["compaction"].get("lastScheduleTime")
+                         == "2026-03-02T04:30:00Z" and s["archiveJobs"]["compaction"].get(
+                             "lastOutcome") == "Succeeded", "the succeeded run in status")
+    assert status["archiveJobs"]["compaction"] == {
+        "cronJob": "demo-compact", "lastScheduleTime": "2026-03-02T04:30:00Z",
+        "lastJob": first, "lastOutcome": "Succeeded",
+        "lastCompletionTime": "2026-03-02T04:34:00Z", "exitCode": 0, "result": result}
+    assert_admitted(api)
+    succeeded = [(kind, m) for kind, reason, m in events(api) if reason == "CompactionSucceeded"]
+    assert succeeded == [("Normal", f"Job {first} succeeded: {json.dumps(result)}")]
+
+    # 4. The next run fails: Failed with the pipeline's reason, one Warning.
+    reason = "flotilla pipeline: the archive holds no cluster 'x'"
+    second = cron_run(api, compact, datetime.datetime(2026, 3, 3, 4, 30, tzinfo=datetime.UTC),
+                      1, f"some Spark output\n{reason}\n")
+    status = wait_status(api, lambda s: s["archiveJobs"]["compaction"].get("lastScheduleTime")
+                         == "2026-03-03T04:30:00Z" and s["archiveJobs"]["compaction"].get(
+                             "lastOutcome") == "Failed", "the failed run in status")
+    assert status["archiveJobs"]["compaction"] == {
+        "cronJob": "demo-compact", "lastScheduleTime": "2026-03-03T04:30:00Z",
+        "lastJob": second, "lastOutcome": "Failed",
+        "lastCompletionTime": "2026-03-03T04:34:00Z", "exitCode": 1, "message": reason}
+    assert_admitted(api)
+    time.sleep(1.5)  # three more rounds: each outcome is announced once
+    ours = [(kind, r, m) for kind, r, m in events(api) if r.startswith("Compaction")]
+    assert [(kind, r) for kind, r, _ in ours] == [("Normal", "CompactionSucceeded"),
+                                                  ("Warning", "CompactionFailed")]
+    assert ours[1][2].startswith(f"Job {second} failed (exit 1): {reason}; CronJob "
+                                 "demo-compact runs again at its next scheduled time")
+
+
+def test_a_scheduled_compaction_run_reports_the_pipelines_own_result(world):
+    """The rendered command run for real: the stand-in Job controller runs the Job the CronJob
+    controller would make as a `flotilla pipeline compact` process (Spark, local mode) on the
+    cluster's archive, and status.archiveJobs carries the result line the pipeline wrote to
+    its termination-log file."""
+    _, api, kubelet, root = world
+    (root / "archive").mkdir()
+    body = raft_cluster((root / "archive").as_uri(), replicas=1)
+    body["spec"]["archive"]["compaction"] = {"schedule": "@daily", "minCompactionLag": "0s"}
+    ready_cluster(api, kubelet, body, replicas=1)
+    with Client(kubelet.client_url("demo-0"), timeout=10) as c:
+        last = 0
+        for i in range(120):  # ten keys overwritten again and again: much to compact
+            last = c.put(f"k{i % 10}", f"v{i}".encode()).index
+        wait_for(lambda: (c.status()["archive"]["last_archived_index"] or 0) >= last, 30,
+                 f"the archive to reach index {last}")
+    compact = wait_for(lambda: get(api, "CronJob", "demo-compact"), 10, "the CronJob")
+    job = api.create(scheduled_job(compact, datetime.datetime.now(datetime.UTC)))
+    name = job["metadata"]["name"]
+    status = wait_status(api, lambda s: (s.get("archiveJobs") or {}).get("compaction", {}).get(
+        "lastOutcome") in ("Succeeded", "Failed"), "the compaction run to end", 240, kubelet)
+    entry = status["archiveJobs"]["compaction"]
+    assert (entry["lastJob"], entry["lastOutcome"], entry["exitCode"]) == (
+        name, "Succeeded", 0), entry
+    result = entry["result"]
+    assert result["cluster_id"] == status["clusterId"]
+    assert 0 < result["entries_after"] < result["entries_before"], result
+    assert result["cleaned_through"] > 0
+    (pod,) = kubelet.job_pods  # one run, no retry
+    assert pod.startswith(f"{name}-")
+    assert_admitted(api)
+    announced = [(kind, m) for kind, reason, m in events(api) if reason == "CompactionSucceeded"]
+    assert len(announced) == 1 and announced[0][0] == "Normal"
+    with Client(kubelet.client_url("demo-0"), timeout=10) as c:  # the cluster is untouched
+        assert c.get("k9").value == b"v119"

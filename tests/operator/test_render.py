@@ -12,7 +12,7 @@ from flotilla.node.archive import parse_time
 from flotilla.node.config import NodeConfig, parse
 from flotilla.node.snapshot_policy import SnapshotPolicy
 from flotilla.operator import render
-from flotilla.operator.spec import ClusterSpec
+from flotilla.operator.spec import ARCHIVE_JOBS, ClusterSpec
 
 from tests.operator.test_spec import FULL_SPEC, UID, body
 
@@ -474,3 +474,159 @@ def test_the_node_takes_every_timing_the_spec_allows(timing):
     cfg = node_config(ClusterSpec.from_body(body({"timing": timing})), "demo-0")
     assert (cfg.election_timeout_ms, cfg.heartbeat_ms) == (timing["electionTimeoutMs"],
                                                            timing["heartbeatMs"])
+
+
+# -- scheduled compaction and export: CronJobs ---------------------------------------------------
+
+SCHEDULED = ClusterSpec.from_body(body({**FULL_SPEC, "bootstrap": {"new": {}}}))
+MINIMAL = ClusterSpec.from_body(body({"archive": {
+    "url": "file:///mnt/archive", "compaction": {"schedule": "@daily"},
+    "export": {"schedule": "15 * * * *", "destination": "file:///mnt/lake"}}}))
+CRON_SPECS = {"full": SCHEDULED, "minimal": MINIMAL}
+TAIL = ["--master", "local[2]"]
+
+
+def cron_container(cronjob: dict[str, Any]) -> dict[str, Any]:
+    (container,) = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def pipeline_args(job: str, args: list[str]) -> dict[str, Any]:
+    """The command line as the pipeline's own parser reads it, once the pipeline has the job
+    (compact and export are written alongside this code)."""
+    from flotilla.pipeline.main import build_parser
+    from flotilla.pipeline.spark import PipelineError
+
+    try:
+        return vars(build_parser().parse_args([job, *args]))
+    except PipelineError as exc:
+        if "invalid choice" in str(exc):
+            pytest.skip(f"this checkout's pipeline has no {job} job yet")
+        raise
+
+
+@pytest.mark.parametrize("kind", ["compaction", "export"])
+@pytest.mark.parametrize("name", sorted(CRON_SPECS))
+@pytest.mark.parametrize("version", [K8S_VERSION, kubernetes_validate.latest_version()])
+def test_the_cronjobs_pass_the_kubernetes_schema_strictly(name, kind, version):
+    kubernetes_validate.validate(render.archive_cronjob(CRON_SPECS[name], kind), version,
+                                 strict=True)
+
+
+@pytest.mark.parametrize(("name", "kind", "command"), [
+    ("full", "compaction", [
+        "flotilla", "pipeline", "compact", "--archive", "s3://backups/flotilla",
+        "--cluster-id", "payments.eu-1", "--s3-endpoint", "http://minio.minio:9000",
+        "--s3-region", "eu-west-1", *TAIL, "--min-compaction-lag", "24h",
+        "--delete-retention", "168h", "--min-cleanable-dirty-ratio", "0.25",
+        "--max-compaction-lag", "720h", "--result-file", "/dev/termination-log"]),
+    ("minimal", "compaction", [
+        "flotilla", "pipeline", "compact", "--archive", "file:///mnt/archive",
+        "--cluster-id", "prod-demo-6f1c2a9e", *TAIL, "--result-file", "/dev/termination-log"]),
+    ("full", "export", [
+        "flotilla", "pipeline", "export", "--archive", "s3://backups/flotilla",
+        "--cluster-id", "payments.eu-1", "--s3-endpoint", "http://minio.minio:9000",
+        "--s3-region", "eu-west-1", *TAIL, "--to", "s3://lake/flotilla", "--format", "delta",
+        "--result-file", "/dev/termination-log"]),
+    ("minimal", "export", [
+        "flotilla", "pipeline", "export", "--archive", "file:///mnt/archive",
+        "--cluster-id", "prod-demo-6f1c2a9e", *TAIL, "--to", "file:///mnt/lake",
+        "--format", "parquet", "--result-file", "/dev/termination-log"]),
+])
+def test_each_cronjob_runs_the_pipeline_with_exactly_the_flags_the_spec_sets(name, kind,
+                                                                             command):
+    container = cron_container(render.archive_cronjob(CRON_SPECS[name], kind))
+    assert [*container["command"], *container["args"]] == command
+    assert container["name"] == command[2]  # what podFailurePolicy and the operator look for
+
+
+@pytest.mark.parametrize(("field", "value", "flag"), [
+    ("minCompactionLag", "0s", ["--min-compaction-lag", "0s"]),
+    ("deleteRetention", "30m", ["--delete-retention", "30m"]),
+    ("maxCompactionLag", "1h", ["--max-compaction-lag", "1h"]),
+    ("minCleanableDirtyRatio", 1, ["--min-cleanable-dirty-ratio", "1.0"]),
+    ("minCleanableDirtyRatio", 0.05, ["--min-cleanable-dirty-ratio", "0.05"]),
+])
+def test_one_compaction_setting_gives_one_flag(field, value, flag):
+    spec = ClusterSpec.from_body(body({"archive": {"url": "s3://b", "compaction": {
+        "schedule": "@daily", field: value}}}))
+    args = cron_container(render.archive_cronjob(spec, "compaction"))["args"]
+    assert args[args.index("--master") + 2:] == [*flag, "--result-file", "/dev/termination-log"]
+
+
+@pytest.mark.parametrize(("kind", "job"), [("compaction", "compact"), ("export", "export")])
+def test_the_pipeline_parses_the_cronjobs_command_line(kind, job):
+    container = cron_container(render.archive_cronjob(SCHEDULED, kind))
+    args = pipeline_args(job, container["args"])
+    assert (args["archive"], args["cluster_id"], args["result_file"]) == (
+        "s3://backups/flotilla", "payments.eu-1", "/dev/termination-log")
+    assert (args["s3_endpoint"], args["s3_region"]) == ("http://minio.minio:9000", "eu-west-1")
+
+
+def test_the_cronjobs_are_owned_labelled_and_never_selected_as_members():
+    for kind, name in (("compaction", "demo-compact"), ("export", "demo-export")):
+        cronjob = render.archive_cronjob(SCHEDULED, kind)
+        labels = SCHEDULED.archive_job_labels(kind)
+        assert cronjob["metadata"] == {"name": name, "namespace": "prod", "labels": labels,
+                                       "ownerReferences": [render.owner_reference(SCHEDULED)]}
+        assert cronjob["metadata"]["ownerReferences"][0]["uid"] == UID
+        template = cronjob["spec"]["jobTemplate"]
+        # The controller copies these onto each Job and its pods: how the operator finds them.
+        assert template["metadata"]["labels"] == labels
+        assert template["spec"]["template"]["metadata"]["labels"] == labels
+        assert not SCHEDULED.selector_labels.items() <= labels.items()
+        assert not SCHEDULED.restore_job_labels.items() <= labels.items()
+
+
+def test_a_run_never_overlaps_the_last_one_and_is_kept_for_a_while():
+    for kind in ("compaction", "export"):
+        spec = render.archive_cronjob(MINIMAL, kind)["spec"]
+        assert {k: v for k, v in spec.items() if k != "jobTemplate"} == {
+            "schedule": {"compaction": "@daily", "export": "15 * * * *"}[kind],
+            "timeZone": "Etc/UTC", "suspend": False, "concurrencyPolicy": "Forbid",
+            "startingDeadlineSeconds": 300, "successfulJobsHistoryLimit": 3,
+            "failedJobsHistoryLimit": 3}
+        job = spec["jobTemplate"]["spec"]
+        assert job["backoffLimit"] == 1
+        fail, ignore = job["podFailurePolicy"]["rules"]
+        assert fail == {"action": "FailJob", "onExitCodes": {
+            "containerName": ARCHIVE_JOBS[kind], "operator": "In", "values": [2, 4]}}
+        assert ignore["action"] == "Ignore"
+    assert render.archive_cronjob(SCHEDULED, "export")["spec"]["suspend"] is True
+
+
+def test_the_cronjobs_pod_is_the_restore_jobs_pod_with_another_command():
+    """Image, credentials (the members' Secret, by reference), resources, security context,
+    service account token, scratch /tmp and termination message: as for the restore Job."""
+    restore = render.restore_job(ClusterSpec.from_body(body(FULL_SPEC)))["spec"]["template"]
+    for kind in ("compaction", "export"):
+        template = render.archive_cronjob(SCHEDULED, kind)["spec"]["jobTemplate"]["spec"][
+            "template"]
+
+        def without_command(pod_template: dict[str, Any]) -> dict[str, Any]:
+            spec = dict(pod_template["spec"])
+            spec["containers"] = [{k: v for k, v in c.items()
+                                   if k not in ("name", "command", "args")}
+                                  for c in spec["containers"]]
+            return spec
+
+        assert without_command(template) == without_command(restore)
+        env = job_env({"spec": {"template": template}})
+        assert (env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"]) == ("AKIA-test",
+                                                                            "s3-secret")
+        (container,) = template["spec"]["containers"]
+        assert all("value" not in var for var in container["env"]
+                   if var["name"].startswith("AWS"))
+        assert container["terminationMessagePath"] == "/dev/termination-log"
+        assert container["image"] == "registry.example/flotilla:1.2.3"
+    assert not [n for n in job_env({"spec": {"template": render.archive_cronjob(
+        MINIMAL, "export")["spec"]["jobTemplate"]["spec"]["template"]}}) if "AWS" in n]
+
+
+def test_no_cronjob_without_its_block():
+    spec = ClusterSpec.from_body(body({"archive": {"url": "s3://b"}}))
+    for kind in ("compaction", "export"):
+        with pytest.raises(ValueError, match=f"no spec.archive.{kind} to schedule"):
+            render.archive_cronjob(spec, kind)
+        with pytest.raises(ValueError):
+            render.archive_cronjob(BASIC, kind)

@@ -21,14 +21,18 @@ from flotilla.node.snapshot_policy import (
 from flotilla.operator.spec import (
     Archive,
     ClusterSpec,
+    Compaction,
+    Export,
     Resources,
     Restore,
     SecretKey,
     SpecError,
     Storage,
     Timing,
+    cron_problem,
     default_cluster_id,
     parse_quantity,
+    seconds,
 )
 
 UID = "6f1c2a9e-1b2c-4d5e-8f90-0123456789ab"
@@ -62,6 +66,11 @@ FULL_SPEC: dict[str, Any] = {
         "credentialsSecret": {"name": "s3-creds", "accessKeyIdKey": "id"},
         "keepSnapshots": 5,
         "intervalMs": 1000,
+        "compaction": {"schedule": "0 3 * * *", "minCompactionLag": "24h",
+                       "deleteRetention": "168h", "maxCompactionLag": "720h",
+                       "minCleanableDirtyRatio": 0.25, "suspend": False},
+        "export": {"schedule": "*/30 * * * mon-fri", "destination": "s3://lake/flotilla",
+                   "format": "delta", "suspend": True},
     },
     "bootstrap": {"restore": {"url": "s3://backups/flotilla", "clusterId": "old", "index": 42}},
     "timing": {"electionTimeoutMs": 2000, "heartbeatMs": 200, "catchUpTimeoutSeconds": 60},
@@ -136,6 +145,11 @@ def test_every_field_is_read():
         secret_access_key=SecretKey("s3-creds", "AWS_SECRET_ACCESS_KEY"),
         keep_snapshots=5,
         interval_ms=1000,
+        compaction=Compaction(schedule="0 3 * * *", min_compaction_lag="24h",
+                              delete_retention="168h", max_compaction_lag="720h",
+                              min_cleanable_dirty_ratio=0.25, suspend=False),
+        export=Export(schedule="*/30 * * * mon-fri", destination="s3://lake/flotilla",
+                      format="delta", suspend=True),
     )
     assert spec.restore == Restore("s3://backups/flotilla", "old", 42)
     assert spec.timing == Timing(2000, 200, 60)
@@ -344,6 +358,75 @@ INVALID = [
     ("timing.catchUpTimeoutSeconds", 9, "spec.timing.catchUpTimeoutSeconds (9) must be at "
                                         "least 10"),
     ("adminTokenSecret.name", DELETE, "spec.adminTokenSecret.name is required"),
+    # scheduled compaction and export
+    ("archive.compaction", "daily", "spec.archive.compaction must be an object"),
+    ("archive.compaction.schedule", DELETE, "spec.archive.compaction.schedule is required: "
+                                            "when to run, in cron syntax, such as "
+                                            '"0 3 * * *" (03:00 UTC every day)'),
+    ("archive.compaction.schedule", "", "spec.archive.compaction.schedule is required"),
+    ("archive.compaction.schedule", "0 3 * *", "spec.archive.compaction.schedule must be a "
+                                               "cron schedule: five fields (minute hour "
+                                               "day-of-month month day-of-week, in UTC"),
+    ("archive.compaction.schedule", "0 3 * *", "'0 3 * *' has 4 fields"),
+    ("archive.compaction.schedule", "0 0 3 * * *", "'0 0 3 * * *' has 6 fields"),
+    ("archive.compaction.schedule", "daily", "'daily' has 1 field"),
+    ("archive.compaction.schedule", "@every 1h", "or one of @yearly, @annually, @monthly, "
+                                                 "@weekly, @daily, @midnight, @hourly"),
+    ("archive.compaction.schedule", "60 3 * * *", "has '60' as its minute: use 0-59"),
+    ("archive.compaction.schedule", "0 24 * * *", "has '24' as its hour: use 0-23"),
+    ("archive.compaction.schedule", "0 3 0 * *", "has '0' as its day-of-month: use 1-31"),
+    ("archive.compaction.schedule", "0 3 * 13 *", "has '13' as its month: use 1-12 or names"),
+    ("archive.compaction.schedule", "0 3 * * 7", "has '7' as its day-of-week: use 0-6 or names"),
+    ("archive.compaction.schedule", "0 3 * * sunday", "has 'sunday' as its day-of-week"),
+    ("archive.compaction.schedule", "*/0 3 * * *", "has '*/0' as its minute"),
+    ("archive.compaction.schedule", "50-10 3 * * *", "has '50-10' as its minute"),
+    ("archive.compaction.schedule", "0,,30 3 * * *", "has '' as its minute"),
+    ("archive.compaction.schedule", "CRON_TZ=UTC 0 3 * * *", "has 6 fields"),
+    ("archive.compaction.schedule", 3, "spec.archive.compaction.schedule must be a string"),
+    ("archive.compaction.minCompactionLag", "1d", "spec.archive.compaction.minCompactionLag "
+                                                  "must be a duration: a whole number of "
+                                                  "seconds, minutes or hours"),
+    ("archive.compaction.minCompactionLag", "1h30m", "not '1h30m'"),
+    ("archive.compaction.minCompactionLag", "1.5h", "such as 30m, 24h or 0s (7 days is 168h)"),
+    ("archive.compaction.minCompactionLag", "-1h", "minCompactionLag must be a duration"),
+    ("archive.compaction.minCompactionLag", "24", "minCompactionLag must be a duration"),
+    ("archive.compaction.minCompactionLag", "1234567s", "at most 6 digits"),
+    ("archive.compaction.minCompactionLag", 3600, "spec.archive.compaction.minCompactionLag "
+                                                  "must be a string"),
+    ("archive.compaction.deleteRetention", "a week", "spec.archive.compaction.deleteRetention "
+                                                     "must be a duration"),
+    ("archive.compaction.maxCompactionLag", "30d", "spec.archive.compaction.maxCompactionLag "
+                                                   "must be a duration"),
+    ("archive.compaction.maxCompactionLag", "23h", "spec.archive.compaction.minCompactionLag "
+                                                   "(24h) must not exceed "
+                                                   "spec.archive.compaction.maxCompactionLag "
+                                                   "(23h)"),
+    ("archive.compaction.minCleanableDirtyRatio", 0, "spec.archive.compaction."
+                                                     "minCleanableDirtyRatio must be a number "
+                                                     "more than 0 and at most 1, such as 0.5"),
+    ("archive.compaction.minCleanableDirtyRatio", 1.01, "not 1.01"),
+    ("archive.compaction.minCleanableDirtyRatio", -0.5, "not -0.5"),
+    ("archive.compaction.minCleanableDirtyRatio", "0.5", "not '0.5'"),
+    ("archive.compaction.minCleanableDirtyRatio", True, "not True"),
+    ("archive.compaction.minCleanableDirtyRatio", float("nan"), "not nan"),
+    ("archive.compaction.suspend", "no", "spec.archive.compaction.suspend must be true or false"),
+    ("archive.export", ["s3://lake"], "spec.archive.export must be an object"),
+    ("archive.export.schedule", DELETE, "spec.archive.export.schedule is required"),
+    ("archive.export.schedule", "every hour", "spec.archive.export.schedule must be a cron "
+                                              "schedule"),
+    ("archive.export.destination", DELETE, "spec.archive.export.destination is required: "
+                                           "where the change log goes (s3://bucket/prefix or "
+                                           "file:///absolute/path)"),
+    ("archive.export.destination", "lake/orders", "spec.archive.export.destination must start "
+                                                  "with s3:// or file://"),
+    ("archive.export.destination", "s3://k:s@lake", "spec.archive.export.destination must not "
+                                                    "carry credentials"),
+    ("archive.export.destination", "file://lake", "spec.archive.export.destination must be an "
+                                                  "absolute file URL"),
+    ("archive.export.format", "csv", "spec.archive.export.format must be parquet or delta, "
+                                     "not 'csv'"),
+    ("archive.export.format", "Parquet", "not 'Parquet'"),
+    ("archive.export.suspend", 1, "spec.archive.export.suspend must be true or false"),
     ("deletion.finalSnapshot", "yes", "spec.deletion.finalSnapshot must be true or false"),
 ]
 
@@ -519,3 +602,88 @@ def test_an_archive_url_with_credentials_is_not_echoed():
     with pytest.raises(SpecError) as caught:
         ClusterSpec.from_body(body({"archive": {"url": "s3://AKIA:hunter2@bucket"}}))
     assert "hunter2" not in str(caught.value)
+
+
+# -- scheduled compaction and export ------------------------------------------------------------
+
+
+def test_compaction_and_export_take_only_a_schedule_and_a_destination():
+    spec = ClusterSpec.from_body(body({"archive": {
+        "url": "s3://b", "compaction": {"schedule": "@daily"},
+        "export": {"schedule": "0 * * * *", "destination": "file:///lake"}}}))
+    assert spec.archive.compaction == Compaction(schedule="@daily")
+    assert spec.archive.compaction.min_cleanable_dirty_ratio is None  # the pipeline's default
+    assert spec.archive.export == Export(schedule="0 * * * *", destination="file:///lake",
+                                         format="parquet", suspend=False)
+    assert list(spec.archive.scheduled()) == ["compaction", "export"]
+
+
+def test_without_the_blocks_nothing_is_scheduled():
+    archive = ClusterSpec.from_body(body({"archive": {"url": "s3://b"}})).archive
+    assert (archive.compaction, archive.export, archive.scheduled()) == (None, None, {})
+    null = ClusterSpec.from_body(body({"archive": {"url": "s3://b", "compaction": None}}))
+    assert null.archive.compaction is None
+
+
+@pytest.mark.parametrize("ratio", [1, 1.0, 0.5, 1e-9])
+def test_the_dirty_ratio_takes_any_number_above_0_up_to_1(ratio):
+    archive = ClusterSpec.from_body(body({"archive": {"url": "s3://b", "compaction": {
+        "schedule": "@daily", "minCleanableDirtyRatio": ratio}}})).archive
+    assert archive.compaction.min_cleanable_dirty_ratio == ratio
+
+
+def test_equal_lags_are_allowed():
+    compaction = {"schedule": "@daily", "minCompactionLag": "60m", "maxCompactionLag": "1h"}
+    spec = ClusterSpec.from_body(body({"archive": {"url": "s3://b", "compaction": compaction}}))
+    assert spec.archive.compaction.max_compaction_lag == "1h"
+
+
+@pytest.mark.parametrize(("text", "value"), [("0s", 0), ("30m", 1800), ("24h", 86400),
+                                             ("999999h", 999999 * 3600)])
+def test_durations(text, value):
+    assert seconds(text) == value
+
+
+@pytest.mark.parametrize("schedule", [
+    "0 3 * * *", "*/15 * * * *", "0 0 1,15 * *", "5-55/10 8-18 * jan-mar,dec mon-fri",
+    "0 12 ? * SUN", "59 23 31 12 6", "0 0 1 1 0", "0  3 * * *", "@hourly", "@daily",
+    "@midnight", "@weekly", "@monthly", "@yearly", "@annually", "10/5 * * * *",
+])
+def test_cron_schedules_the_api_server_takes(schedule):
+    assert cron_problem(schedule) is None
+    ClusterSpec.from_body(body({"archive": {"url": "s3://b", "compaction": {
+        "schedule": schedule}}}))
+
+
+@pytest.mark.parametrize(("name", "kind", "longest"), [("x" * 45, "compaction", 44),
+                                                       ("x" * 46, "export", 45)])
+def test_a_name_too_long_for_the_cronjob_is_refused(name, kind, longest):
+    block = {"compaction": {"schedule": "@daily"},
+             "export": {"schedule": "@daily", "destination": "s3://lake"}}[kind]
+    spec = {"archive": {"url": "s3://b", kind: block}}
+    with pytest.raises(SpecError) as caught:
+        ClusterSpec.from_body(body(spec, name=name))
+    assert str(caught.value).startswith(f"metadata.name '{name}' is too long for "
+                                        f"spec.archive.{kind}: its CronJob ")
+    assert f"at most 52 characters, so the RaftCluster's name at most {longest}" in str(
+        caught.value)
+    ok = ClusterSpec.from_body(body(spec, name="x" * longest))
+    assert len(ok.archive_job_name(kind)) == 52
+    ClusterSpec.from_body(body({"archive": {"url": "s3://b"}}, name=name))  # no CronJob: fine
+
+
+def test_the_scheduled_jobs_names_and_labels():
+    spec = ClusterSpec.from_body(body(FULL_SPEC))
+    assert (spec.archive_job_name("compaction"), spec.archive_job_name("export")) == (
+        "demo-compact", "demo-export")
+    for kind, job in (("compaction", "compact"), ("export", "export")):
+        labels = spec.archive_job_labels(kind)
+        assert labels == {"app.kubernetes.io/name": f"flotilla-{job}",
+                          "app.kubernetes.io/instance": "demo",
+                          "app.kubernetes.io/managed-by": "flotilla-operator",
+                          "app.kubernetes.io/component": f"{job}-job"}
+        assert not spec.selector_labels.items() <= labels.items()  # never taken for members
+        assert spec.archive_job_selector(kind) == ",".join(f"{k}={v}" for k, v in
+                                                           labels.items())
+        both = dict(term.split("=") for term in spec.archive_jobs_selector.split(","))
+        assert both.items() <= labels.items()

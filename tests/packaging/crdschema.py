@@ -178,8 +178,11 @@ def _schema_message(error: jsonschema.ValidationError) -> list[str]:
         return [f"{path}: Too long: may not be longer than {limit}"]
     if kind in ("maxItems", "maxProperties"):
         return [f"{path}: Too many: {len(value)}: must have at most {limit} items"]
+    if kind == "minimum" and error.schema.get("exclusiveMinimum"):
+        kind = "exclusiveMinimum"
     wording = {
         "minimum": f"should be greater than or equal to {limit}",
+        "exclusiveMinimum": f"should be greater than {limit}",
         "maximum": f"should be less than or equal to {limit}",
         "pattern": f"should match '{limit}'",
         "minLength": f"should be at least {limit} chars long",

@@ -43,6 +43,7 @@ EXPECTED_RULES: dict[tuple[str, str], set[str]] = {
     ("policy", "poddisruptionbudgets"): {"get", "list", "watch", "create", "patch"},
     ("", "pods"): {"get", "list", "watch", "delete"},
     ("batch", "jobs"): {"get", "list", "watch", "create", "delete"},
+    ("batch", "cronjobs"): {"list", "create", "patch", "delete"},
     ("", "persistentvolumeclaims"): {"get", "list", "watch", "delete"},
     ("", "secrets"): {"get"},
     ("", "configmaps"): {"get", "list", "watch", "create", "patch"},

@@ -24,6 +24,7 @@ import celpy
 import kubernetes_validate
 import pytest
 import yaml
+from flotilla.operator.spec import ClusterSpec
 
 from tests.packaging.crdschema import CRDValidator, iter_schemas, load_crd, version_schema
 
@@ -227,9 +228,10 @@ def _example(name: str, kind: str = "RaftCluster") -> dict[str, Any]:
     return next(d for d in _documents(ROOT / "examples" / name) if d["kind"] == kind)
 
 
-def test_the_four_examples_exist() -> None:
-    assert [p.name for p in EXAMPLES] == ["basic.yaml", "restore-point-in-time.yaml",
-                                          "restore.yaml", "s3-archive.yaml"]
+def test_the_five_examples_exist() -> None:
+    assert [p.name for p in EXAMPLES] == ["basic.yaml", "compaction-and-export.yaml",
+                                          "restore-point-in-time.yaml", "restore.yaml",
+                                          "s3-archive.yaml"]
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
@@ -302,6 +304,17 @@ def test_point_in_time_example_reads_the_s3_example_archive_at_a_time(
     assert stored["archive"]["url"] != old_archive["url"]
     secret = old_archive["credentialsSecret"]["name"]
     assert stored["archive"]["credentialsSecret"]["name"] == secret
+
+
+def test_compaction_and_export_example_schedules_both_jobs(validator: CRDValidator) -> None:
+    stored = validator.admit(_example("compaction-and-export.yaml"))[0]
+    archive = stored["spec"]["archive"]
+    assert archive["credentialsSecret"]["name"] == _example(
+        "compaction-and-export.yaml", kind="Secret")["metadata"]["name"]
+    assert (archive["compaction"]["suspend"], archive["export"]["suspend"]) == (False, False)
+    assert archive["export"]["format"] == "parquet"
+    spec = ClusterSpec.from_body({**stored, "metadata": {"name": "ledger"}})
+    assert list(spec.archive.scheduled()) == ["compaction", "export"]
 
 
 # --- what the API server refuses ------------------------------------------------------------
@@ -379,6 +392,43 @@ REFUSED_ON_CREATE = [
      ["spec.resources.limits.memory", "should match"]),
     ("admin token secret without name", {"adminTokenSecret": {"key": "t"}},
      ["spec.adminTokenSecret.name", "Required value"]),
+    ("compaction without schedule", {"archive": {"url": "s3://b", "compaction": {}}},
+     ["spec.archive.compaction.schedule", "Required value"]),
+    ("compaction schedule of four fields", {"archive": {"url": "s3://b", "compaction": {
+        "schedule": "0 3 * *"}}}, ["spec.archive.compaction.schedule", "should match"]),
+    ("compaction schedule in words", {"archive": {"url": "s3://b", "compaction": {
+        "schedule": "every night"}}}, ["spec.archive.compaction.schedule", "should match"]),
+    ("compaction lag in days", {"archive": {"url": "s3://b", "compaction": {
+        "schedule": "@daily", "minCompactionLag": "7d"}}},
+     ["spec.archive.compaction.minCompactionLag", "should match"]),
+    ("compaction lag as a number", {"archive": {"url": "s3://b", "compaction": {
+        "schedule": "@daily", "deleteRetention": 3600}}},
+     ["spec.archive.compaction.deleteRetention", "must be of type string"]),
+    ("compaction lags the wrong way round", {"archive": {"url": "s3://b", "compaction": {
+        "schedule": "@daily", "minCompactionLag": "48h", "maxCompactionLag": "2879m"}}},
+     ["spec.archive.compaction.minCompactionLag",
+      "minCompactionLag must not exceed archive.compaction.maxCompactionLag"]),
+    ("dirty ratio 0", {"archive": {"url": "s3://b", "compaction": {
+        "schedule": "@daily", "minCleanableDirtyRatio": 0}}},
+     ["spec.archive.compaction.minCleanableDirtyRatio", "Invalid value: 0",
+      "should be greater than 0"]),
+    ("dirty ratio 1.5", {"archive": {"url": "s3://b", "compaction": {
+        "schedule": "@daily", "minCleanableDirtyRatio": 1.5}}},
+     ["spec.archive.compaction.minCleanableDirtyRatio", "less than or equal to 1"]),
+    ("dirty ratio as a string", {"archive": {"url": "s3://b", "compaction": {
+        "schedule": "@daily", "minCleanableDirtyRatio": "0.5"}}},
+     ["spec.archive.compaction.minCleanableDirtyRatio", "must be of type number"]),
+    ("export without destination", {"archive": {"url": "s3://b", "export": {
+        "schedule": "@daily"}}}, ["spec.archive.export.destination", "Required value"]),
+    ("export to http", {"archive": {"url": "s3://b", "export": {
+        "schedule": "@daily", "destination": "https://lake.example/orders"}}},
+     ["spec.archive.export.destination", "s3://bucket/prefix", "file:///absolute/path"]),
+    ("export format csv", {"archive": {"url": "s3://b", "export": {
+        "schedule": "@daily", "destination": "s3://lake", "format": "csv"}}},
+     ["spec.archive.export.format", 'Unsupported value: "csv"', '"parquet", "delta"']),
+    ("typo in compaction", {"archive": {"url": "s3://b", "compaction": {
+        "schedule": "@daily", "minCompactionLagMs": 1000}}},
+     ['unknown field "spec.archive.compaction.minCompactionLagMs"']),
 ]
 
 
@@ -450,6 +500,13 @@ ALLOWED_UPDATES = [
     ("clusterId kept", {"clusterId": "orders-a"}, {"clusterId": "orders-a", "replicas": 5}),
     ("clusterId set when there was none", {}, {"clusterId": "orders-a"}),
     ("bootstrap written out as its default", {}, {"bootstrap": {"new": {}}}),
+    ("compaction and export added, then changed", {"archive": {"url": "s3://b"}},
+     {"archive": {"url": "s3://b", "compaction": {"schedule": "30 4 * * 1-5"},
+                  "export": {"schedule": "@hourly", "destination": "s3://lake",
+                             "suspend": True}}}),
+    ("compaction lags equal, in other units", {},
+     {"archive": {"url": "s3://b", "compaction": {
+         "schedule": "@daily", "minCompactionLag": "48h", "maxCompactionLag": "2880m"}}}),
 ]
 
 
@@ -495,6 +552,17 @@ STATUS = {
                 "lag": 100, "error": ""},
     "removedMembers": [{"name": "orders-4", "uid": "u4"}],
     "catchUp": [{"name": "orders-3", "since": "2025-01-01T00:00:00Z", "attempts": 1}],
+    "archiveJobs": {
+        "compaction": {"cronJob": "orders-compact", "lastScheduleTime": "2025-01-01T03:00:00Z",
+                       "lastJob": "orders-compact-28929780", "lastOutcome": "Succeeded",
+                       "lastCompletionTime": "2025-01-01T03:04:10Z", "exitCode": 0,
+                       "result": {"cleaned_through": 5000, "entries_before": 5000,
+                                  "entries_after": 1200, "bytes_before": 900000,
+                                  "bytes_after": 210000, "anything": {"else": [1, 2]}}},
+        "export": {"cronJob": "orders-export", "lastJob": "orders-export-28929781",
+                   "lastOutcome": "Failed", "exitCode": 1,
+                   "message": "flotilla pipeline: the S3 endpoint did not answer"},
+    },
     "lastAction": "added orders-3 as a learner",
     "conditions": [{"type": "Ready", "status": "False", "reason": "Scaling",
                     "message": "adding orders-3", "lastTransitionTime": "2025-01-01T00:00:00Z",
