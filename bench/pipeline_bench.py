@@ -764,6 +764,112 @@ def main_compaction(args: argparse.Namespace, engines: list[str], sizes: list[in
                                                      if r.name == "pass 2"}) > 1 else 0
 
 
+# ---------------------------------------------------------------------------------------------
+# Export (--job export)
+
+
+@dataclass
+class ExportRun:
+    engine: str
+    entries: int = 0
+    changes: int = 0
+    seconds: float = 0.0
+    cpu: float = 0.0
+    output_bytes: int = 0
+    digest: str = ""  # of the sorted change rows: equal across engines
+    error: str | None = None
+
+
+def export_child(master: str, url: str, w: Workload, out: str, warm_url: str,
+                 conn: Any) -> None:
+    """One full export of the workload's archive into Parquet under `out`, fresh process."""
+    run = ExportRun(master)
+    try:
+        from flotilla.pipeline.export import Destination, export
+        from flotilla.pipeline.source import ArchiveRef
+        from flotilla.pipeline.spark import spark_session
+
+        spark = spark_session(master, app=f"export-bench-{master}")
+        try:
+            export(spark, ArchiveRef(warm_url, WARM_UP.cluster_id),
+                   Destination.parse(f"{out}-warm"), "parquet")
+            began, cpu = time.perf_counter(), _cpu_seconds()
+            result = export(spark, ArchiveRef(url, w.cluster_id), Destination.parse(out),
+                            "parquet")
+            run.seconds, run.cpu = time.perf_counter() - began, _cpu_seconds() - cpu
+            run.entries, run.changes = result.entries, result.changes
+        finally:
+            spark.stop()
+        import pyarrow.dataset as ds
+
+        files = list(Path(unquote(urlsplit(out).path)).rglob("*.parquet"))
+        run.output_bytes = sum(f.stat().st_size for f in files)
+        table = ds.dataset(Path(unquote(urlsplit(out).path)) / "changes",
+                           partitioning="hive").to_table(columns=["index", "op", "key",
+                                                                   "after"])
+        table = table.sort_by("index")
+        digest = hashlib.sha256()
+        for column in table.columns:
+            for value in column.to_pylist():
+                digest.update(repr(value).encode())
+        run.digest = digest.hexdigest()
+    except Exception as exc:  # reported in the table
+        run.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"
+    conn.send(run)
+    conn.close()
+
+
+def run_export(master: str, url: str, scratch: Path, w: Workload) -> ExportRun:
+    out = scratch / f"export-{master.replace('[', '').replace(']', '')}"
+    shutil.rmtree(out, ignore_errors=True)
+    ctx = multiprocessing.get_context("spawn")
+    receive, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=export_child,
+                        args=(master, url, w, out.as_uri(), url, send))
+    child.start()
+    send.close()
+    try:
+        run: ExportRun = receive.recv()
+    except EOFError:
+        run = ExportRun(master, error=f"the Spark process died (exit {child.exitcode})")
+    child.join()
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.rmtree(Path(f"{out}-warm"), ignore_errors=True)
+    return run
+
+
+def main_export(args: argparse.Namespace, engines: list[str], sizes: list[int],
+                scratch: Path, url: str) -> int:
+    """A full export of each workload into Parquet (file://), per engine."""
+    s3: dict[str, str | None] = {"endpoint": None, "region": None}
+    if not archived(url, WARM_UP, s3):
+        remove_cluster(url, WARM_UP.cluster_id, s3)
+        write_archive(url, WARM_UP, s3)
+    rows = [["entries", "engine", "seconds", "entries/s", "cores", "entries/s per core",
+             "changes", "MB of Parquet", "same rows"]]
+    failed = False
+    for n in sizes:
+        w = Workload(n, args.seed)
+        if not archived(url, w, s3):
+            remove_cluster(url, w.cluster_id, s3)
+            write_archive(url, w, s3)
+        runs = [run_export(engine, url, scratch, w) for engine in engines]
+        for r in runs:
+            if r.error:
+                failed = True
+                rows.append([_size(n), r.engine, "FAILED", r.error, "", "", "", "", ""])
+                continue
+            rows.append([_size(n), r.engine, f"{r.seconds:.1f}", f"{r.entries / r.seconds:,.0f}",
+                         f"{r.cpu / r.seconds:.2f}", f"{r.entries / r.cpu:,.0f}",
+                         f"{r.changes:,}", f"{r.output_bytes / 1e6:.1f}",
+                         "yes" if r.digest == runs[0].digest else "NO"])
+            failed |= r.digest != runs[0].digest
+            print(f"{_size(n)} {r.engine}: {r.seconds:.1f} s", flush=True)
+    print()
+    print(_table(rows))
+    return 1 if failed else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -783,10 +889,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--s3-endpoint", default=None)
     p.add_argument("--s3-region", default=None)
     p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--job", choices=("snapshot-at", "compact"), default="snapshot-at",
+    p.add_argument("--job", choices=("snapshot-at", "compact", "export"),
+                   default="snapshot-at",
                    help="snapshot-at (default): the table above; compact: two compaction "
                         "passes over a Zipf workload (--sizes default 1M, --engines default "
-                        "local[1],local[2],sequential)")
+                        "local[1],local[2],sequential); export: a full export into Parquet "
+                        "(--sizes default 1M, --engines default local[1],local[2])")
     p.add_argument("--zipf", type=float, default=1.2,
                    help="--job compact: the Zipf exponent of the keys written (default 1.2)")
     args = p.parse_args(argv)
@@ -795,9 +903,10 @@ def main(argv: list[str] | None = None) -> int:
     except (argparse.ArgumentTypeError, ValueError) as exc:
         p.error(f"--sizes: {exc}")
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
-    if args.job == "compact":
+    if args.job in ("compact", "export"):
         if args.engines == p.get_default("engines"):
-            engines = ["local[1]", "local[2]", "sequential"]
+            engines = ["local[1]", "local[2]"] + (["sequential"] if args.job == "compact"
+                                                   else [])
         if args.sizes == p.get_default("sizes") and not args.quick:
             sizes = [1_000_000]
     elif "replay" not in engines:
@@ -813,9 +922,10 @@ def main(argv: list[str] | None = None) -> int:
         url = (scratch / "archive").as_uri()
     started = time.perf_counter()
     runs: list[Run] = []
-    if args.job == "compact":
+    if args.job in ("compact", "export"):
+        job = main_compaction if args.job == "compact" else main_export
         try:
-            code = main_compaction(args, engines, sizes, scratch, url)
+            code = job(args, engines, sizes, scratch, url)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
