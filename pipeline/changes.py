@@ -62,12 +62,14 @@ CHANGES = 4  # a kind of DECODED blob (after source's SESSIONS, KEYS, ENTRIES): 
 @dataclass(frozen=True, slots=True)
 class ChangeStage:
     """The change stage of one plan, as lazy Spark frames of DECODED rows (kind, dest, blob),
-    dest being the slice of the rows' indexes (`audit.slice_of`, 0 to `slices` - 1). Valid
-    inside `change_stage`'s `with` block only."""
+    dest being the slice of the rows' indexes (`audit.slice_of`, 0 to `slices` - 1), except
+    for READ rows: `slices` + their range of keys (they share one index, and a snapshot may
+    hold millions of keys). Valid inside `change_stage`'s `with` block only."""
 
     changes: Any  # blobs of CHANGE_ROWS, kind CHANGES
     entries: Any  # blobs of ENTRY_ROWS, kind ENTRIES: every entry from `first_index` on
     slices: int
+    read_ranges: int  # the dests after `slices`: READ rows by range of keys (0: no READ rows)
     audit: Audit  # audit.since + 1 is the lowest index a row can have
     read: tuple[int, int, int] | None  # the READ rows' (index, term, ts_ms), if any
     stats: list[PartStats]  # the decode stage's, by part
@@ -75,6 +77,10 @@ class ChangeStage:
     @property
     def first_index(self) -> int:
         return self.audit.since + 1
+
+    @property
+    def dests(self) -> int:
+        return self.slices + self.read_ranges
 
 
 @contextmanager
@@ -108,26 +114,30 @@ def change_stage(spark: Any, ref: ArchiveRef, plan: RestorePlan, *, since: int |
     ops = decode(spark, ref, plan, base, tasks=tasks, job=job, audit=audit)
     skipped = fold_sessions(spark, ops, base, job).skipped
     try:
+        slices = audit.slice_of(plan.index) + 1
+
         def fold_ranges(batches: Iterator[Any]) -> Iterator[Any]:
-            for _, table in range_tables(batches, arrow_schema(TIMED_KEY_ROWS), skipped.value):
-                yield from _change_blobs(table, audit, read)
+            for dest, table in range_tables(batches, arrow_schema(TIMED_KEY_ROWS),
+                                            skipped.value):
+                yield from _change_blobs(table, audit, read, slices + dest)
 
         changes = key_inputs(spark, ref, plan, ops, base, timed=True).mapInArrow(
             lambda batches: paused_gc(fold_ranges(batches)), DECODED)
         entries = ops.frame.filter(F.col("kind") == ENTRIES)
-        yield ChangeStage(changes, entries, audit.slice_of(plan.index) + 1, audit, read,
-                          ops.stats)
+        yield ChangeStage(changes, entries, slices, len(ops.bounds) + 1 if read else 0, audit,
+                          read, ops.stats)
     finally:
         release(ops.frame)
         skipped.unpersist()
 
 
-def _change_blobs(table: Any, audit: Audit, read: tuple[int, int, int] | None
-                  ) -> Iterator[Any]:
+def _change_blobs(table: Any, audit: Audit, read: tuple[int, int, int] | None,
+                  read_dest: int) -> Iterator[Any]:
     """The changes of one range's table (TIMED_KEY_ROWS in fold order) as DECODED batches of
-    CHANGE_ROWS blobs by slice. A change's term and time are its command's row's: found by
-    index in the table sorted by index (a range's indexes are distinct: a command changes one
-    key, and base entries' mod indexes are distinct and below every command's)."""
+    CHANGE_ROWS blobs by slice (READ rows: for `read_dest`). A change's term and time are its
+    command's row's: found by index in the table sorted by index (a range's indexes are
+    distinct: a command changes one key, and base entries' mod indexes are distinct and below
+    every command's)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -144,14 +154,14 @@ def _change_blobs(table: Any, audit: Audit, read: tuple[int, int, int] | None
         at = np.array(at, dtype=np.int64)
         rows = np.searchsorted(indexes, at)
         term, ts = terms[rows], times[rows]
+        dests = (at - 1) // audit.slice_entries - audit.first_slice
         if read is not None:
             reads = np.array(ops) == READ
-            term[reads], ts[reads] = read[1], read[2]
+            term[reads], ts[reads], dests[reads] = read[1], read[2], read_dest
         batch = pa.RecordBatch.from_arrays(
             [pa.array(keys, pa.binary()), pa.array(at), pa.array(ops, pa.string()),
              pa.array(before, pa.binary()), pa.array(after, pa.binary()), pa.array(term),
              pa.array(ts)], schema=schema)
-        dests = (at - 1) // audit.slice_entries - audit.first_slice
         cut = np.unique(dests)
         blobs = [to_blob(batch)] if len(cut) == 1 else [
             to_blob(batch.filter(pa.array(dests == dest))) for dest in cut]
