@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 from collections import Counter
@@ -25,6 +26,7 @@ from flotilla.pipeline.kvfold import READ, decode_fields, key_bytes
 from flotilla.pipeline.source import ArchiveRef
 from flotilla.pipeline.spark import PipelineError
 
+from tests.archive_node.support import FAST, Writer, post_snapshot, random_writes, wait_archived
 from tests.pipeline.archives import REGION, extend_archive, replayed_machine, write_archive
 from tests.pipeline.test_kvchanges import state_changes
 from tests.pipeline.test_snapshot_at import history
@@ -412,3 +414,47 @@ def test_parquet_and_delta_on_s3_with_delta_time_travel(spark, s3_store, s3, mon
                                             "--format delta") as refused:
         prepare(ref, delta, "parquet")
     assert refused.value.exit_code == 2
+
+
+def client_changes(writes) -> list[tuple[int, str, str, bytes | None]]:
+    """What a single client's acknowledged writes changed, by its own record alone: a put on
+    a key it had not written or had deleted creates it, a put on one it had written updates
+    it, a delete of one it had written deletes it, a delete of an absent key changes nothing."""
+    held: dict[str, bytes] = {}
+    found = []
+    for w in sorted(writes, key=lambda w: w.index):
+        if w.value is None:
+            if held.pop(w.key, None) is not None:
+                found.append((w.index, "d", w.key, None))
+        else:
+            found.append((w.index, "u" if w.key in held else "c", w.key, w.value))
+            held[w.key] = w.value
+    return found
+
+
+@pytest.mark.timeout(300)
+def test_a_real_cluster_s_writes_come_out_as_its_client_made_them(local_cluster, s3_store,
+                                                                   s3, spark):
+    """A real 3-member cluster archives to moto_server while one client writes; two exports
+    (a member's snapshot between them) hold exactly the changes the client's own record of
+    acknowledged writes implies, in its order, with its values."""
+    cluster = local_cluster(3, extra_args=s3_store.archive_flags(), env=s3_store.env, **FAST)
+    ref = ArchiveRef(s3_store.url, cluster.cluster_id, s3_store.endpoint, REGION)
+    dest = Destination.parse(f"{s3_store.url}-export", s3_store.endpoint, REGION)
+    keys = [f"x/{i}" for i in range(12)]
+    rng = random.Random(5)
+    with Writer([n.url for n in cluster.nodes.values()]) as writer:
+        random_writes(writer, keys, 60, rng, delete_ratio=0.3, tag="a")
+        wait_archived(cluster, cluster.wait_leader(), writer.writes[-1].index)
+        first = export(spark, ref, dest)
+        post_snapshot(cluster.nodes[cluster.wait_leader()].url)
+        random_writes(writer, keys, 60, rng, delete_ratio=0.3, tag="b")
+        wait_archived(cluster, cluster.wait_leader(), writer.writes[-1].index)
+        second = export(spark, ref, dest)
+    assert first.from_index == 1 and second.from_index == first.high_water + 1
+    changes = read(f"{s3_store.url.removeprefix('s3://')}-export", "changes", s3)
+    expected = client_changes(writer.writes)
+    assert [(r["index"], r["op"], r["key"], r["after"]) for r in changes] == expected
+    assert Counter(r["op"] for r in changes) == Counter(op for _, op, _, _ in expected)
+    assert first.changes == sum(1 for c in expected if c[0] <= first.high_water)
+    assert second.changes == len(expected) - first.changes
