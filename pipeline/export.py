@@ -36,7 +36,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from flotilla.node.archive import ArchiveError, ClusterArchive, format_ms, open_archive
-from flotilla.node.archive.errors import ArchiveNotFound
 from flotilla.node.archive.restore import RestorePlan, resolve_cluster_id
 from flotilla.node.archive.urls import normalize_archive_url, parse_archive_url
 
@@ -352,8 +351,6 @@ def prepare(ref: ArchiveRef, dest: Destination, format: str | None = None) -> Pr
             if plan is None:
                 plan, reads = candidates[-1], True
         return Prepared(ref, dest, fmt, state, pending, since, plan, reads)
-    except ArchiveNotFound as exc:
-        raise PipelineError(str(exc)) from None
     except ArchiveError as exc:
         raise PipelineError(f"cannot read {ref.url}: {exc}") from None
     except OSError as exc:
@@ -569,9 +566,9 @@ def _writer(dest: Destination, staging: str, cluster_id: str, found: ChangeStage
             for table, data in zip(TABLES, tables, strict=True):
                 for date, part in _by_date(data):
                     rows.append(_write_file(dest, staging, table, date, name, part))
-        yield pa.RecordBatch.from_pylist(
-            [dict(zip(("table", "date", "name", "rows", "bytes", "stats", "ops"), row,
-                      strict=True)) for row in rows], schema=arrow_schema(FILES))
+        schema = arrow_schema(FILES)
+        yield pa.RecordBatch.from_pylist([dict(zip(schema.names, row, strict=True))
+                                          for row in rows], schema=schema)
 
     return write
 
@@ -587,17 +584,15 @@ def _tables(cluster_id: str, changes: Any, entries: Any) -> tuple[Any, Any]:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    changes = changes.sort_by([("index", "ascending"), ("key", "ascending")])
-    entries = entries.sort_by([("index", "ascending")])
+    c = changes.sort_by([("index", "ascending"), ("key", "ascending")])
+    e = entries.sort_by([("index", "ascending")])
 
     def constant(count: int) -> Any:
         return pa.array([cluster_id] * count, pa.string())
 
-    c = changes
     out_changes = pa.Table.from_arrays(
         [constant(len(c)), c["index"], c["term"], c["ts_ms"], c["op"], _readable(c["key"]),
          c["key"], c["before"], c["after"]], schema=_table_schema("changes"))
-    e = entries
     out_entries = pa.Table.from_arrays(
         [constant(len(e)), e["index"], e["term"], e["ts_ms"], _named(e["kind"], KINDS),
          e["data"], _named(e["op"], COMMANDS), _readable(e["key"]), e["key"], e["prev_index"],
