@@ -126,6 +126,22 @@ def build_parser() -> argparse.ArgumentParser:
                         "(the node's own machine) instead of Spark's parallel fold")
     p.add_argument("--dry-run", action="store_true",
                    help="print what a pass would clean, and stop")
+
+    p = jobs.add_parser("export", parents=[common],
+                        help="the change log as a Parquet or Delta dataset, incremental",
+                        description="Add every effective change (URL/changes/) and every entry "
+                                    "(URL/entries/) after the destination's recorded high "
+                                    "water, up to the archive's last entry, partitioned by "
+                                    "date. A destination holds one cluster's export in one "
+                                    "format.")
+    p.add_argument("--to", required=True, metavar="URL",
+                   help="the destination: s3://bucket/prefix, file:///path or a local path "
+                        "(--s3-endpoint and --s3-region apply to it too)")
+    p.add_argument("--format", choices=("parquet", "delta"), default=None,
+                   help="parquet (plain files) or delta (Delta tables through delta-rs); "
+                        "default: what the destination holds, else parquet")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the plan (high water, base snapshot, segments, bytes) and stop")
     return parser
 
 
@@ -208,7 +224,29 @@ def _run(args: argparse.Namespace) -> str:
         return result.to_json()
     if args.job == "compact":
         return _compact(args, ref)
+    if args.job == "export":
+        return _export(args, ref)
     raise PipelineError(f"unknown job {args.job!r}", EXIT_USAGE)
+
+
+def _export(args: argparse.Namespace, ref: Any) -> str:
+    from flotilla.pipeline.export import Destination, export, prepare
+    from flotilla.pipeline.spark import spark_session
+
+    try:
+        dest = Destination.parse(args.to, args.s3_endpoint, args.s3_region)
+    except ValueError as exc:
+        raise PipelineError(f"--to: {exc}", EXIT_USAGE) from None
+    job = prepare(ref, dest, args.format)
+    if args.dry_run:
+        return json.dumps(job.describe())
+    if job.plan is None:  # nothing new (an earlier run's staged files perhaps): no Spark
+        return export(None, prepared=job).to_json()
+    spark = spark_session(args.master)
+    try:
+        return export(spark, prepared=job).to_json()
+    finally:
+        spark.stop()
 
 
 def _compact(args: argparse.Namespace, ref: Any) -> str:

@@ -265,6 +265,6 @@ def arrow_schema(ddl: str) -> Any:
     import pyarrow as pa
 
     types = {"long": pa.int64(), "int": pa.int32(), "byte": pa.int8(), "binary": pa.binary(),
-             "string": pa.string()}
+             "string": pa.string(), "boolean": pa.bool_()}
     return pa.schema([(name, types[kind]) for name, kind in
                       (part.split() for part in ddl.split(", "))])

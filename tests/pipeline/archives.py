@@ -24,20 +24,50 @@ VOTERS = Membership(voters=frozenset({"n1", "n2", "n3"}),
 def write_archive(url: str, cluster_id: str, commands: Sequence[bytes], *,
                   snapshot_at: Sequence[int] = (), segment_entries: int = 50,
                   term: int = 2, machine: Callable[[], Any] = KVStateMachine,
-                  endpoint: str | None = None) -> list[Entry]:
+                  endpoint: str | None = None,
+                  stamp: Callable[[int], int] = lambda n: 1_000 * (n + 2)) -> list[Entry]:
     """Archive a log: a membership entry at 1, then one normal entry per command (a no-op
     after every 17th, as leader changes leave them), in segments of `segment_entries`, with a
-    snapshot (as a member writes it) at each index of `snapshot_at`. Returns the log."""
+    snapshot (as a member writes it) at each index of `snapshot_at`. Command n is stamped
+    `stamp(n)` (never decreasing in n), 1 s apart by default. Returns the log."""
     log = [Entry(1, 1, EntryKind.MEMBERSHIP, VOTERS.encode(), 1_000)]
-    for n, data in enumerate(commands):  # leaders' clocks: 1 s apart, never decreasing
-        log.append(Entry(len(log) + 1, term, EntryKind.NORMAL, data, 1_000 * (n + 2)))
+    _append(log, commands, term, stamp)
+    _upload(url, cluster_id, log, 0, snapshot_at, segment_entries, machine, endpoint)
+    return log
+
+
+def extend_archive(url: str, cluster_id: str, log: list[Entry], commands: Sequence[bytes], *,
+                   snapshot_at: Sequence[int] = (), segment_entries: int = 50, term: int = 2,
+                   machine: Callable[[], Any] = KVStateMachine, endpoint: str | None = None,
+                   stamp: Callable[[int], int] = lambda n: 1_000 * (n + 2)) -> list[Entry]:
+    """Archive more of `log` (what `write_archive` archived, perhaps extended before):
+    `commands` after it, in new segments, as `write_archive` does; the first is command
+    number (normal entries of `log`) for `stamp`. Extends `log` and returns it."""
+    archived = len(log)
+    _append(log, commands, term, stamp)
+    _upload(url, cluster_id, log, archived, snapshot_at, segment_entries, machine, endpoint)
+    return log
+
+
+def _append(log: list[Entry], commands: Sequence[bytes], term: int,
+            stamp: Callable[[int], int]) -> None:
+    n = sum(1 for e in log if e.kind == EntryKind.NORMAL)
+    for data in commands:  # leaders' clocks: never decreasing
+        log.append(Entry(len(log) + 1, term, EntryKind.NORMAL, data, stamp(n)))
         if n % 17 == 16:
-            log.append(Entry(len(log) + 1, term, EntryKind.NOOP, b"", 1_000 * (n + 2)))
+            log.append(Entry(len(log) + 1, term, EntryKind.NOOP, b"", stamp(n)))
+        n += 1
+
+
+def _upload(url: str, cluster_id: str, log: Sequence[Entry], start: int,
+            snapshot_at: Sequence[int], segment_entries: int, machine: Callable[[], Any],
+            endpoint: str | None) -> None:
+    """Upload log[start:] in segments and a member's snapshot at each of `snapshot_at`."""
     archive = open_archive(url, endpoint=endpoint, region=endpoint and REGION)
     try:
         cluster = ClusterArchive(archive, cluster_id)
-        for start in range(0, len(log), segment_entries):
-            cluster.upload_segment(log[start:start + segment_entries])
+        for first in range(start, len(log), segment_entries):
+            cluster.upload_segment(log[first:first + segment_entries])
         with tempfile.TemporaryDirectory() as tmp:
             for index in snapshot_at:
                 path = member_snapshot(log, index, Path(tmp) / str(index), machine)
@@ -47,7 +77,6 @@ def write_archive(url: str, cluster_id: str, commands: Sequence[bytes], *,
         cluster.publish()
     finally:
         archive.close()
-    return log
 
 
 def member_snapshot(log: Sequence[Entry], index: int, directory: Path,
@@ -62,10 +91,10 @@ def member_snapshot(log: Sequence[Entry], index: int, directory: Path,
                       sm.write_snapshot)
 
 
-def replayed_payload(url: str, cluster_id: str, index: int,
+def replayed_machine(url: str, cluster_id: str, index: int,
                      machine: Callable[[], Any] = KVStateMachine,
-                     endpoint: str | None = None) -> bytes:
-    """What the node's restore builds at `index`: its plan, its machine, its bytes."""
+                     endpoint: str | None = None) -> Any:
+    """The machine the node's restore builds at `index`: its plan, its machine."""
     archive = open_archive(url, endpoint=endpoint, region=endpoint and REGION)
     try:
         with tempfile.TemporaryDirectory() as work:
@@ -77,11 +106,18 @@ def replayed_payload(url: str, cluster_id: str, index: int,
             for entry in prepared.entries():
                 if entry.kind == EntryKind.NORMAL:
                     sm.apply(entry.index, entry.data)
-            out = io.BytesIO()
-            sm.write_snapshot(out)
-            return out.getvalue()
+            return sm
     finally:
         archive.close()
+
+
+def replayed_payload(url: str, cluster_id: str, index: int,
+                     machine: Callable[[], Any] = KVStateMachine,
+                     endpoint: str | None = None) -> bytes:
+    """What the node's restore builds at `index`: its plan, its machine, its bytes."""
+    out = io.BytesIO()
+    replayed_machine(url, cluster_id, index, machine, endpoint).write_snapshot(out)
+    return out.getvalue()
 
 
 def published_payload(url: str, cluster_id: str,

@@ -11,6 +11,7 @@ lone surrogates, a base snapshot at a random point, gaps in the indexes.
 from __future__ import annotations
 
 import io
+from collections.abc import Iterable
 
 from flotilla.node.statemachine.kv import KVStateMachine, encode_delete, encode_put
 from flotilla.pipeline.kvfold import (
@@ -37,8 +38,12 @@ def machine(base: bytes | None) -> KVStateMachine:
 
 
 def replayed_changes(entries: list[tuple[int, bytes]], base: bytes | None) -> list[Change]:
-    """Every change the machine makes, found by diffing its whole state around each entry."""
-    sm = machine(base)
+    return state_changes(machine(base), entries)
+
+
+def state_changes(sm: KVStateMachine, entries: Iterable[tuple[int, bytes]]) -> list[Change]:
+    """Every change `sm` makes applying `entries`, found by diffing its whole state around
+    each entry."""
     found: list[Change] = []
     before = sm.canonical_state()["data"]
     for index, data in entries:

@@ -47,7 +47,7 @@ def history(seed: int, count: int) -> list[bytes]:
         if roll < 0.25:
             out.append(encode_delete(key, ts=ts, client=client, seq=seq))
         elif roll < 0.45:
-            prev = rng.choice([0, n, n - 1, rng.randrange(1, n + 2)])
+            prev = rng.choice([0, n, max(0, n - 1), rng.randrange(1, n + 2)])
             out.append(encode_put(key, b"cas%d" % n, ts=ts, prev_index=prev, client=client,
                                   seq=seq))
         else:
