@@ -47,6 +47,18 @@ and other work on it takes cores from `local[2]` first.
 
 `--keep` writes the archives under `~/.cache/flotilla/pipeline-bench` (or `--archive`) and
 reuses them on the next run; without it they go to a temporary directory that is removed.
+
+`--job compact` (default 1M entries; engines local[1], local[2] and `sequential`, the node's
+machine replaying in one process): the same workload with keys picked from a Zipf
+distribution (`--zipf`, default 1.2), copied for each engine (a pass rewrites it), then two
+passes: the first cleans up to the segment end nearest 60% of the log, the second the rest on
+top of the first's output. The table: entries and bytes before and after, the archive bytes a
+pass read against the dirty bytes (Kafka's goal: at most 2x), dirty entries/s, and whether
+every engine wrote the same compacted bytes.
+
+`--job export` (default 1M entries; local[1] and local[2]): a full export of the workload into
+Parquet in a temporary directory, after a warm-up export; entries/s, entries/s per core (CPU
+seconds of every process of the engine), and whether the change rows are the same.
 """
 
 from __future__ import annotations

@@ -66,15 +66,25 @@ def spark_session(master: str | None = "local[*]", app: str = "flotilla-pipeline
     builder = SparkSession.builder.appName(app)
     if master is not None:
         builder = builder.master(master)
+    local = bool(master and master.startswith("local"))
+    driver_opts = f"-Dlog4j.configurationFile={LOG_CONFIG}"
+    if local:
+        # In local mode the tasks run in the driver's JVM, for one short job: its C2
+        # compiler's threads spent 3.5-4 CPU seconds of a 3M-entry snapshot-at still
+        # compiling, on the cores the tasks need (docs/pipeline.md#how-fast). C1 alone
+        # compiles what moves the blobs well enough.
+        driver_opts += " -XX:TieredStopAtLevel=1"
+        # Shuffle files never leave the machine, and what they hold is Arrow blobs of
+        # values that rarely compress: compressing them only costs the JVM's CPU.
+        builder = (builder.config("spark.shuffle.compress", "false")
+                   .config("spark.shuffle.spill.compress", "false"))
     builder = (builder
                .config("spark.ui.enabled", "false")
                .config("spark.sql.execution.arrow.pyspark.enabled", "true")
                .config("spark.sql.shuffle.partitions",
-                       str(max(2, os.cpu_count() or 2)) if master and master.startswith("local")
-                       else "200")
+                       str(max(2, os.cpu_count() or 2)) if local else "200")
                .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.driver.extraJavaOptions",
-                       f"-Dlog4j.configurationFile={LOG_CONFIG}")
+               .config("spark.driver.extraJavaOptions", driver_opts)
                .config("spark.executor.extraJavaOptions",
                        f"-Dlog4j.configurationFile={LOG_CONFIG}"))
     try:
