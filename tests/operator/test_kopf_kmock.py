@@ -740,3 +740,44 @@ def test_a_scheduled_compaction_run_reports_the_pipelines_own_result(world):
     assert len(announced) == 1 and announced[0][0] == "Normal"
     with Client(kubelet.client_url("demo-0"), timeout=10) as c:  # the cluster is untouched
         assert c.get("k9").value == b"v119"
+
+
+def test_a_scheduled_export_run_writes_the_change_log_and_reports_its_result(world):
+    """The export CronJob's command run for real, as the compaction one above: the Job runs
+    `flotilla pipeline export` on the cluster's archive into a Parquet destination, and
+    status.archiveJobs carries the pipeline's own result line."""
+    import pyarrow.dataset as ds
+
+    _, api, kubelet, root = world
+    (root / "archive").mkdir()
+    body = raft_cluster((root / "archive").as_uri(), replicas=1)
+    destination = root / "export"
+    body["spec"]["archive"]["export"] = {"schedule": "@hourly",
+                                         "destination": destination.as_uri()}
+    ready_cluster(api, kubelet, body, replicas=1)
+    with Client(kubelet.client_url("demo-0"), timeout=10) as c:
+        last = 0
+        for i in range(40):
+            last = c.put(f"k{i % 10}", f"v{i}".encode()).index
+        last = c.delete("k3").index
+        wait_for(lambda: (c.status()["archive"]["last_archived_index"] or 0) >= last, 30,
+                 f"the archive to reach index {last}")
+    export = wait_for(lambda: get(api, "CronJob", "demo-export"), 10, "the CronJob")
+    job = api.create(scheduled_job(export, datetime.datetime.now(datetime.UTC)))
+    name = job["metadata"]["name"]
+    status = wait_status(api, lambda s: (s.get("archiveJobs") or {}).get("export", {}).get(
+        "lastOutcome") in ("Succeeded", "Failed"), "the export run to end", 240, kubelet)
+    entry = status["archiveJobs"]["export"]
+    assert (entry["lastJob"], entry["lastOutcome"], entry["exitCode"]) == (
+        name, "Succeeded", 0), entry
+    result = entry["result"]
+    assert result["cluster_id"] == status["clusterId"] and result["format"] == "parquet"
+    assert result["high_water"] >= last and result["changes"] == 41, result
+    changes = ds.dataset(destination / "changes", partitioning="hive").to_table().to_pylist()
+    final: dict[str, bytes | None] = {}
+    for row in sorted(changes, key=lambda r: r["index"]):
+        final[row["key"]] = row["after"]
+    assert {k: v for k, v in final.items() if v is not None} == {
+        f"k{i}": f"v{30 + i}".encode() for i in range(10) if i != 3}
+    announced = [kind for kind, reason, _ in events(api) if reason == "ExportSucceeded"]
+    assert announced == ["Normal"]
