@@ -705,6 +705,20 @@ def test_scheduled_compaction_and_export_run_as_cronjobs_whose_runs_the_status_r
                                  "demo-compact runs again at its next scheduled time")
 
 
+def archived_writes(kubelet, count: int, delete: str | None = None) -> int:
+    """`count` puts to ten keys k0..k9 (v0, v1, ...), then a delete of `delete`, all in the
+    archive: the last index."""
+    with Client(kubelet.client_url("demo-0"), timeout=10) as c:
+        last = 0
+        for i in range(count):
+            last = c.put(f"k{i % 10}", f"v{i}".encode()).index
+        if delete is not None:
+            last = c.delete(delete).index
+        wait_for(lambda: (c.status()["archive"]["last_archived_index"] or 0) >= last, 30,
+                 f"the archive to reach index {last}")
+    return last
+
+
 def test_a_scheduled_compaction_run_reports_the_pipelines_own_result(world):
     """The rendered command run for real: the stand-in Job controller runs the Job the CronJob
     controller would make as a `flotilla pipeline compact` process (Spark, local mode) on the
@@ -715,12 +729,7 @@ def test_a_scheduled_compaction_run_reports_the_pipelines_own_result(world):
     body = raft_cluster((root / "archive").as_uri(), replicas=1)
     body["spec"]["archive"]["compaction"] = {"schedule": "@daily", "minCompactionLag": "0s"}
     ready_cluster(api, kubelet, body, replicas=1)
-    with Client(kubelet.client_url("demo-0"), timeout=10) as c:
-        last = 0
-        for i in range(120):  # ten keys overwritten again and again: much to compact
-            last = c.put(f"k{i % 10}", f"v{i}".encode()).index
-        wait_for(lambda: (c.status()["archive"]["last_archived_index"] or 0) >= last, 30,
-                 f"the archive to reach index {last}")
+    archived_writes(kubelet, 120)  # ten keys overwritten again and again: much to compact
     compact = wait_for(lambda: get(api, "CronJob", "demo-compact"), 10, "the CronJob")
     job = api.create(scheduled_job(compact, datetime.datetime.now(datetime.UTC)))
     name = job["metadata"]["name"]
@@ -755,13 +764,7 @@ def test_a_scheduled_export_run_writes_the_change_log_and_reports_its_result(wor
     body["spec"]["archive"]["export"] = {"schedule": "@hourly",
                                          "destination": destination.as_uri()}
     ready_cluster(api, kubelet, body, replicas=1)
-    with Client(kubelet.client_url("demo-0"), timeout=10) as c:
-        last = 0
-        for i in range(40):
-            last = c.put(f"k{i % 10}", f"v{i}".encode()).index
-        last = c.delete("k3").index
-        wait_for(lambda: (c.status()["archive"]["last_archived_index"] or 0) >= last, 30,
-                 f"the archive to reach index {last}")
+    last = archived_writes(kubelet, 40, delete="k3")
     export = wait_for(lambda: get(api, "CronJob", "demo-export"), 10, "the CronJob")
     job = api.create(scheduled_job(export, datetime.datetime.now(datetime.UTC)))
     name = job["metadata"]["name"]
