@@ -25,7 +25,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -64,6 +64,7 @@ from .timeindex import locate
 log = logging.getLogger(__name__)
 
 PUBLISH_ATTEMPTS = 5
+RETAIN_BUDGET_S = 30.0  # retention runs in the archiving leader's round
 
 
 @dataclass(frozen=True, slots=True)
@@ -412,29 +413,21 @@ class ClusterArchive:
     def _retain_manifest(self, keep_snapshots: int) -> Manifest | None:
         """Publish a manifest without what falls below the kept snapshots; return the manifest
         in force afterwards."""
-        for _ in range(PUBLISH_ATTEMPTS):
-            current = self.manifest()
-            if current is None or len(current.snapshots) <= keep_snapshots:
-                return current
+
+        def trim(current: Manifest) -> Manifest | None:
+            if len(current.snapshots) <= keep_snapshots:
+                return None
             floor = max(current.snapshots[-keep_snapshots].index, current.retention_floor)
             if current.cleaned_through:
                 # Compaction owns the history: what it has not cleaned yet stays for it.
                 floor = max(min(floor, current.cleaned_through), current.retention_floor)
                 if floor == current.retention_floor:
-                    return current
-            trimmed = Manifest.create(
-                self.cluster_id, max(current.seq, self._highest_seq) + 1, self._now(),
-                current.snapshots, current.segments, floor, current.cleaned_through,
-                current.log_start,
-            )
-            try:
-                self._write_manifest(trimmed)
-            except ArchiveConflict:
-                continue
-            return trimmed
-        raise ArchiveConflict(
-            f"could not apply retention to {self.url}: other writers kept publishing"
-        )
+                    return None
+            return Manifest.create(self.cluster_id, current.seq, current.created,
+                                   current.snapshots, current.segments, floor,
+                                   current.cleaned_through, current.log_start)
+
+        return self._publish_built(trim, RETAIN_BUDGET_S)
 
     # --- restore ------------------------------------------------------------------------------
 
@@ -548,10 +541,17 @@ class ClusterArchive:
 
     def publish_built(self, build: Callable[[Manifest], Manifest | None],
                       budget_s: float = 120.0) -> Manifest | None:
-        """Publish `build(newest manifest)` as the next manifest (create-only); when another
-        writer (the archiving leader) publishes that seq first, read theirs and build again
-        on it. `build` returns None to give up. Raises ArchiveConflict when it has lost every
-        race for `budget_s` seconds.
+        """Publish `build(newest manifest)` as the next manifest (create-only; its seq and
+        creation time are this call's). When another writer (the archiving leader) publishes
+        that seq first, build again on theirs. `build` returns None when the manifest needs no
+        change. Returns the manifest in force afterwards (None: nothing was ever published).
+        Raises ArchiveConflict when it has lost every race for `budget_s` seconds."""
+        with self._publish_lock:
+            return self._publish_built(build, budget_s)
+
+    def _publish_built(self, build: Callable[[Manifest], Manifest | None],
+                       budget_s: float) -> Manifest | None:
+        """`publish_built` with the publish lock held.
 
         Losing over and over to a leader that publishes several times a second is the risk:
         after the first listing, each attempt reads the manifest that won (by its seq, no
@@ -559,38 +559,34 @@ class ClusterArchive:
         few losses in a row (a leader publishes in bursts, one per archiving round)."""
         deadline = time.monotonic() + budget_s
         rng = random.Random()
-        with self._publish_lock:
-            current = self.manifest()
-            losses = 0
-            while True:
-                if current is None:
-                    raise ArchiveNotFound(f"{self.url} has no manifest")
-                built = build(current)
-                if built is None:
-                    return None
-                seq = max(current.seq, self._highest_seq) + 1  # a damaged one is skipped
-                candidate = Manifest.create(
-                    self.cluster_id, seq, self._now(), built.snapshots, built.segments,
-                    built.retention_floor, built.cleaned_through, built.log_start)
-                try:
-                    self._write_manifest(candidate)
-                    return candidate
-                except ArchiveConflict as exc:
-                    losses += 1
-                    log.info("%s; building on it", exc)
-                if time.monotonic() > deadline:
-                    raise ArchiveConflict(
-                        f"could not publish to {self.url}: other writers published first "
-                        f"{losses} times in a row over {budget_s:.0f} s")
-                if losses % 4 == 0:
-                    time.sleep(rng.uniform(0.0, min(0.5, 0.02 * losses)))
-                    current = self.manifest()  # several behind: list again
-                    continue
-                name = self.archive.url_for(self._full(manifest_key(seq)))
-                try:
-                    current = self._read_manifest_settled(seq, name, retry=True)
-                except (ArchiveCorrupt, ArchiveNotFound):
-                    current = self.manifest()
+        current = self.manifest()
+        losses = 0
+        while current is not None:
+            built = build(current)
+            if built is None:
+                return current
+            seq = max(current.seq, self._highest_seq) + 1  # a damaged one is skipped
+            candidate = replace(built, seq=seq, created=self._now())
+            try:
+                self._write_manifest(candidate)
+                return candidate
+            except ArchiveConflict as exc:
+                losses += 1
+                log.info("%s; building on it", exc)
+            if time.monotonic() > deadline:
+                raise ArchiveConflict(
+                    f"could not publish to {self.url}: other writers published first "
+                    f"{losses} times in a row over {budget_s:.0f} s")
+            if losses % 4 == 0:
+                time.sleep(rng.uniform(0.0, min(0.5, 0.02 * losses)))
+                current = self.manifest()  # several behind: list again
+                continue
+            name = self.archive.url_for(self._full(manifest_key(seq)))
+            try:
+                current = self._read_manifest_settled(seq, name, retry=True)
+            except (ArchiveCorrupt, ArchiveNotFound):
+                current = self.manifest()
+        return None
 
     def delete_objects(self, keys: Iterable[str]) -> None:
         for key in keys:
