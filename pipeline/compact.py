@@ -134,8 +134,8 @@ def plan_pass(manifest: Manifest, policy: CompactionPolicy) -> PassPlan | Skip:
                     f"index {head} through raw segments", prev)
     base = bases[0]
     chain = manifest.chain(base, head) or ()
-    now = max([_time(s.last_ts_ms) for s in chain if s.last <= head]
-              + [_time(s.ts_ms) for s in manifest.snapshots if s.index == head] + [0])
+    now = max([_time(s.last_ts_ms) for s in chain]
+              + [_time(s.ts_ms) for s in manifest.snapshots if s.index == head])
     old_enough = [s.last for s in chain if _time(s.last_ts_ms) <= now - policy.min_lag_ms]
     through = max(old_enough, default=0)
     if through <= max(prev, base):
@@ -170,7 +170,6 @@ class CompactionResult:
     synthesized: bool = False
     markers: int = 0  # delete markers kept
     markers_removed: int = 0  # past their horizon, removed by this pass
-    skipped: str | None = None
     deleted: list[str] = field(default_factory=list)
 
     def to_json(self) -> str:
@@ -181,8 +180,6 @@ class CompactionResult:
                     "snapshot": self.snapshot, "synthesized": self.synthesized,
                     "markers": self.markers, "markers_removed": self.markers_removed,
                     "objects_deleted": len(self.deleted)}
-        if self.skipped is not None:
-            document["skipped"] = self.skipped
         return json.dumps(document)
 
 
@@ -199,26 +196,49 @@ class _Range:
     unchanged: SegmentRecord | None  # an old compacted segment that loses nothing
 
 
-def compact(spark: Any, ref: ArchiveRef, policy: CompactionPolicy, *, sequential: bool = False,
-            dry_run: bool = False) -> tuple[str, CompactionResult | PassPlan | Skip]:
-    """One compaction pass over the cluster `ref` names. Returns its cluster id and the
-    result (or, with `dry_run`, the plan or why nothing would happen). `sequential`: the
-    node's own machine replays the dirty section in one process (the oracle) instead of
-    Spark's parallel fold."""
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A checked pass: the cluster resolved and the plan made from its manifest, before Spark
+    starts (`plan` is a Skip when there is nothing to do)."""
+
+    ref: ArchiveRef
+    plan: PassPlan | Skip
+
+    def describe(self) -> str:
+        return describe(self.ref.cluster_id, self.plan)
+
+
+def prepare(ref: ArchiveRef, policy: CompactionPolicy) -> Prepared:
+    """Resolve the cluster `ref` names and plan a pass from its newest manifest."""
     archive = open_archive(ref.url, endpoint=ref.s3_endpoint, region=ref.s3_region)
     try:
         cluster_id = resolve_cluster_id(archive, ref.cluster_id, id_flag="--cluster-id",
                                         url_flag="--archive")
-        ref = ArchiveRef(ref.url, cluster_id, ref.s3_endpoint, ref.s3_region)
-        cluster = ClusterArchive(archive, cluster_id)
-        manifest = cluster.manifest()
+        manifest = ClusterArchive(archive, cluster_id).manifest()
         if manifest is None:
             raise PipelineError(f"{ref.url} holds no manifest for cluster {cluster_id!r}: "
                                 "nothing was archived yet")
-        plan = plan_pass(manifest, policy)
-        if dry_run or isinstance(plan, Skip):
-            return cluster_id, plan
-        return cluster_id, _run(spark, ref, cluster, plan, policy, sequential)
+        ref = ArchiveRef(ref.url, cluster_id, ref.s3_endpoint, ref.s3_region)
+        return Prepared(ref, plan_pass(manifest, policy))
+    except ArchiveError as exc:
+        raise PipelineError(f"cannot compact {ref.url}: {exc}") from None
+    finally:
+        archive.close()
+
+
+def compact(spark: Any, ref: ArchiveRef, policy: CompactionPolicy, *, sequential: bool = False,
+            prepared: Prepared | None = None) -> CompactionResult | Skip:
+    """One compaction pass over the cluster `ref` names (or the one `prepared` planned).
+    `sequential`: the node's own machine replays the dirty section in one process (the
+    oracle) instead of Spark's parallel fold."""
+    job = prepared or prepare(ref, policy)
+    if isinstance(job.plan, Skip):
+        return job.plan
+    ref = job.ref
+    archive = open_archive(ref.url, endpoint=ref.s3_endpoint, region=ref.s3_region)
+    try:
+        cluster = ClusterArchive(archive, ref.cluster_id)
+        return _run(spark, ref, cluster, job.plan, policy, sequential)
     except ArchiveError as exc:
         raise PipelineError(f"cannot compact {ref.url}: {exc}") from None
     finally:
@@ -317,7 +337,7 @@ def _run(spark: Any, ref: ArchiveRef, cluster: ClusterArchive, plan: PassPlan,
                                plan.log_start)
 
     published = cluster.publish_built(build)
-    assert published is not None
+    assert published is not None  # the plan came from a manifest
     referenced = {s.key for s in published.segments} | {s.key for s in published.snapshots}
     doomed = sorted((replaced - referenced)
                     | {key for key in cluster.compacted_keys() if key not in referenced})
@@ -360,7 +380,6 @@ def last_changes_by_replay(ref: ArchiveRef, plan: RestorePlan) -> dict[bytes, tu
     from flotilla.node.statemachine.kv import KVStateMachine
     from flotilla.node.storage import PayloadReader
 
-    from .kvfold import key_bytes
     from .source import cluster_archive
 
     cluster = cluster_archive(ref)
@@ -382,9 +401,8 @@ def last_changes_by_replay(ref: ArchiveRef, plan: RestorePlan) -> dict[bytes, tu
         key = fields[1].decode("utf-8", "surrogatepass")
         before = machine.get(key)
         machine.apply(entry.index, entry.data)
-        after = machine.get(key)
-        if before != after:
-            changed[key_bytes(key)] = (entry.index, fields[0])
+        if machine.get(key) != before:
+            changed[fields[1]] = (entry.index, fields[0])
     return changed
 
 

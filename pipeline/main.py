@@ -258,16 +258,17 @@ def _compact(args: argparse.Namespace, ref: Any) -> str:
                                       args.min_cleanable_dirty_ratio, args.max_compaction_lag)
     except ValueError as exc:
         raise PipelineError(str(exc), EXIT_USAGE) from None
-    cluster_id, plan = job.compact(None, ref, policy, dry_run=True)
-    if args.dry_run or isinstance(plan, job.Skip):
-        return job.describe(cluster_id, plan)
+    prepared = job.prepare(ref, policy)
+    if args.dry_run or isinstance(prepared.plan, job.Skip):
+        return prepared.describe()
     spark = spark_session(args.master)
     try:
-        _, result = job.compact(spark, ref, policy, sequential=args.sequential)
+        result = job.compact(spark, ref, policy, sequential=args.sequential,
+                             prepared=prepared)
     finally:
         spark.stop()
-    return result.to_json() if isinstance(result, job.CompactionResult) else job.describe(
-        cluster_id, result)
+    assert isinstance(result, job.CompactionResult)
+    return result.to_json()
 
 
 if __name__ == "__main__":

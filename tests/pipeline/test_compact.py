@@ -156,9 +156,8 @@ def append(url: str, log: list[Entry], commands: list[bytes], *, step_ms: int = 
 
 
 def run(spark, url: str, sequential: bool = False, **policy):
-    _, result = compact(spark, ArchiveRef(url, CID), CompactionPolicy(**policy),
-                        sequential=sequential)
-    return result
+    return compact(spark, ArchiveRef(url, CID), CompactionPolicy(**policy),
+                   sequential=sequential)
 
 
 def fold_records(records) -> dict[str, tuple[bytes, int]]:

@@ -43,7 +43,7 @@ def test_a_live_clusters_archive_is_compacted_while_it_archives_and_restores_exa
         assert archived["error"] is None, archived
         # The pass runs while the writers go on and the leader keeps publishing.
         ref = ArchiveRef(store.url, cluster.cluster_id, store.endpoint, REGION)
-        _, result = compact(spark, ref, CompactionPolicy(min_dirty_ratio=0.01))
+        result = compact(spark, ref, CompactionPolicy(min_dirty_ratio=0.01))
         wait_for(lambda: writers.count() >= 330, 60, "330 acknowledged writes")
     finally:
         writes += writers.stop()
