@@ -266,12 +266,17 @@ def write_archive(url: str, w: Workload, s3: dict[str, str | None]) -> None:
         archive.close()
 
 
-def archived(url: str, w: Workload, s3: dict[str, str | None]) -> bool:
+def _manifest(url: str, cluster_id: str, s3: dict[str, str | None]) -> Any:
+    """The manifest in force for `cluster_id` (None if there is none)."""
     archive = open_archive(url, **s3)
     try:
-        manifest = ClusterArchive(archive, w.cluster_id).manifest()
+        return ClusterArchive(archive, cluster_id).manifest()
     finally:
         archive.close()
+
+
+def archived(url: str, w: Workload, s3: dict[str, str | None]) -> bool:
+    manifest = _manifest(url, w.cluster_id, s3)
     return manifest is not None and manifest.last_archived_index == w.target
 
 
@@ -612,7 +617,7 @@ def _log_time_lags(url: str, w: Workload, s3: dict[str, str | None],
                    fractions: Sequence[float]) -> list[int]:
     """For each fraction f, the --min-compaction-lag (log-time ms) whose cleanable point is
     the segment end nearest f of the log."""
-    segments = _manifest(url, w, s3).raw_segments
+    segments = _manifest(url, w.cluster_id, s3).raw_segments
     head = max(s.last_ts_ms or 0 for s in segments)
     lags = []
     for f in fractions:
@@ -641,18 +646,18 @@ def compact_child(master: str, url: str, w: Workload, s3: dict[str, str | None],
             for n, lag in enumerate(lags):
                 run = PassRun(master, f"pass {n + 1}")
                 began, cpu = time.perf_counter(), _cpu_seconds()
-                _, result = compact(spark, ref, CompactionPolicy(lag, min_dirty_ratio=0.01),
-                                    sequential=sequential)
+                result = compact(spark, ref, CompactionPolicy(lag, min_dirty_ratio=0.01),
+                                 sequential=sequential)
                 run.seconds, run.cpu = time.perf_counter() - began, _cpu_seconds() - cpu
                 if not isinstance(result, CompactionResult):
                     run.error = f"nothing cleaned: {result}"
                 else:
                     run.result = json.loads(result.to_json())
-                    clean_entries = sum(s.entries or 0 for s in _compacted(url, w, s3)[1])
+                    compacted = _manifest(url, w.cluster_id, s3).compacted_segments
                     run.dirty_entries = result.entries_before - (
                         runs[-1].result["entries_after"] if runs else 0)
-                    run.digests = tuple(s.sha256 for s in _compacted(url, w, s3)[1])
-                    assert clean_entries == result.entries_after
+                    run.digests = tuple(s.sha256 for s in compacted)
+                    assert sum(s.entries or 0 for s in compacted) == result.entries_after
                 runs.append(run)
         finally:
             spark.stop()
@@ -661,21 +666,6 @@ def compact_child(master: str, url: str, w: Workload, s3: dict[str, str | None],
                                                f"{str(exc).strip().splitlines()[0][:300]}"))
     conn.send(runs)
     conn.close()
-
-
-def _manifest(url: str, w: Workload, s3: dict[str, str | None]) -> Any:
-    archive = open_archive(url, **s3)
-    try:
-        manifest = ClusterArchive(archive, w.cluster_id).manifest()
-    finally:
-        archive.close()
-    assert manifest is not None
-    return manifest
-
-
-def _compacted(url: str, w: Workload, s3: dict[str, str | None]) -> tuple[int, list[Any]]:
-    manifest = _manifest(url, w, s3)
-    return manifest.cleaned_through, list(manifest.compacted_segments)
 
 
 def run_compaction(master: str, source: Path, scratch: Path, w: Workload,
