@@ -719,6 +719,20 @@ def archived_writes(kubelet, count: int, delete: str | None = None) -> int:
     return last
 
 
+def run_scheduled(api, kubelet, cronjob: str, kind: str) -> tuple[str, dict]:
+    """Create the Job the CronJob controller would, wait for the run to end and check it
+    succeeded, as status.archiveJobs[kind] reports it: the Job's name and the status."""
+    template = wait_for(lambda: get(api, "CronJob", cronjob), 10, "the CronJob")
+    name = api.create(scheduled_job(template, datetime.datetime.now(datetime.UTC)))[
+        "metadata"]["name"]
+    status = wait_status(api, lambda s: (s.get("archiveJobs") or {}).get(kind, {}).get(
+        "lastOutcome") in ("Succeeded", "Failed"), f"the {kind} run to end", 240, kubelet)
+    entry = status["archiveJobs"][kind]
+    assert (entry["lastJob"], entry["lastOutcome"], entry["exitCode"]) == (
+        name, "Succeeded", 0), entry
+    return name, status
+
+
 def test_a_scheduled_compaction_run_reports_the_pipelines_own_result(world):
     """The rendered command run for real: the stand-in Job controller runs the Job the CronJob
     controller would make as a `flotilla pipeline compact` process (Spark, local mode) on the
@@ -730,15 +744,8 @@ def test_a_scheduled_compaction_run_reports_the_pipelines_own_result(world):
     body["spec"]["archive"]["compaction"] = {"schedule": "@daily", "minCompactionLag": "0s"}
     ready_cluster(api, kubelet, body, replicas=1)
     archived_writes(kubelet, 120)  # ten keys overwritten again and again: much to compact
-    compact = wait_for(lambda: get(api, "CronJob", "demo-compact"), 10, "the CronJob")
-    job = api.create(scheduled_job(compact, datetime.datetime.now(datetime.UTC)))
-    name = job["metadata"]["name"]
-    status = wait_status(api, lambda s: (s.get("archiveJobs") or {}).get("compaction", {}).get(
-        "lastOutcome") in ("Succeeded", "Failed"), "the compaction run to end", 240, kubelet)
-    entry = status["archiveJobs"]["compaction"]
-    assert (entry["lastJob"], entry["lastOutcome"], entry["exitCode"]) == (
-        name, "Succeeded", 0), entry
-    result = entry["result"]
+    name, status = run_scheduled(api, kubelet, "demo-compact", "compaction")
+    result = status["archiveJobs"]["compaction"]["result"]
     assert result["cluster_id"] == status["clusterId"]
     assert 0 < result["entries_after"] < result["entries_before"], result
     assert result["cleaned_through"] > 0
@@ -765,15 +772,8 @@ def test_a_scheduled_export_run_writes_the_change_log_and_reports_its_result(wor
                                          "destination": destination.as_uri()}
     ready_cluster(api, kubelet, body, replicas=1)
     last = archived_writes(kubelet, 40, delete="k3")
-    export = wait_for(lambda: get(api, "CronJob", "demo-export"), 10, "the CronJob")
-    job = api.create(scheduled_job(export, datetime.datetime.now(datetime.UTC)))
-    name = job["metadata"]["name"]
-    status = wait_status(api, lambda s: (s.get("archiveJobs") or {}).get("export", {}).get(
-        "lastOutcome") in ("Succeeded", "Failed"), "the export run to end", 240, kubelet)
-    entry = status["archiveJobs"]["export"]
-    assert (entry["lastJob"], entry["lastOutcome"], entry["exitCode"]) == (
-        name, "Succeeded", 0), entry
-    result = entry["result"]
+    _, status = run_scheduled(api, kubelet, "demo-export", "export")
+    result = status["archiveJobs"]["export"]["result"]
     assert result["cluster_id"] == status["clusterId"] and result["format"] == "parquet"
     assert result["high_water"] >= last and result["changes"] == 41, result
     changes = ds.dataset(destination / "changes", partitioning="hive").to_table().to_pylist()
