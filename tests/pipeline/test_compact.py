@@ -177,7 +177,8 @@ def test_a_pass_keeps_the_last_effective_change_of_each_key_and_the_head_whole(
     url = (tmp_path / "archive").as_uri()
     log = write_archive(url, CID, history(1, 900), snapshot_at=[300], segment_entries=50)
     head = len(log)
-    before = {i: replayed_payload(url, CID, i) for i in (head, head - 7)}
+    # States across the head (the cleanable point lands about 200 entries before the end).
+    before = {i: replayed_payload(url, CID, i) for i in range(head - 150, head + 1, 10)}
     # 200 s of lag: the newest raw segment whose last entry is that much older than the head.
     result = run(spark, url, sequential, min_lag_ms=200_000, min_dirty_ratio=0.01)
     assert isinstance(result, CompactionResult), result
@@ -188,6 +189,15 @@ def test_a_pass_keeps_the_last_effective_change_of_each_key_and_the_head_whole(
     manifest = manifest_of(url)
     assert (manifest.cleaned_through, manifest.log_start) == (through, 0)
     assert all(s.first > through for s in manifest.raw_segments)
+    # A reader of the head sees every entry after C, in order, as the log holds it.
+    archive = open_archive(url)
+    try:
+        cluster = ClusterArchive(archive, CID)
+        head_entries = [e for segment in manifest.raw_segments
+                        for e in cluster.read_segment(segment)]
+    finally:
+        archive.close()
+    assert head_entries == log[through:]
     assert manifest.restorable_ranges() == [(through, head)]
     # The compacted segments stand for 1..through, end to end.
     spans = [(s.first, s.last) for s in manifest.compacted_segments]
