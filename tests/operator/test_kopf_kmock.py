@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
@@ -614,6 +615,19 @@ def cron_run(api, cronjob: dict[str, Any], scheduled: datetime.datetime, code: i
     return name
 
 
+def reported_run(api, cronjob: dict, when: datetime.datetime, code: int, output: str,
+                 outcome: str) -> tuple[str, dict]:
+    """A run of `cronjob` scheduled `when` that ends with exit `code` and `output` in its
+    termination log; once status.archiveJobs.compaction reports it with `outcome`: the Job's
+    name and that entry."""
+    name = cron_run(api, cronjob, when, code, output)
+    scheduled = when.strftime("%Y-%m-%dT%H:%M:%SZ")
+    status = wait_status(api, lambda s: s["archiveJobs"]["compaction"].get("lastScheduleTime")
+                         == scheduled and s["archiveJobs"]["compaction"].get("lastOutcome")
+                         == outcome, f"the {outcome.lower()} run in status")
+    return name, status["archiveJobs"]["compaction"]
+
+
 def test_scheduled_compaction_and_export_run_as_cronjobs_whose_runs_the_status_reports(world):
     _, api, _, root = world
     (root / "archive").mkdir()
@@ -672,12 +686,9 @@ def test_scheduled_compaction_and_export_run_as_cronjobs_whose_runs_the_status_r
     compact = get(api, "CronJob", "demo-compact")
     result = {"cleaned_through": 900, "entries_before": 1000, "entries_after": 240,
               "bytes_before": 81000, "bytes_after": 19500}
-    first = cron_run(api, compact, datetime.datetime(2026, 3, 2, 4, 30, tzinfo=datetime.UTC),
-                     0, json.dumps(result) + "\n")
-    status = wait_status(api, lambda s: s["archiveJobs"]["compaction"].get("lastScheduleTime")
-                         == "2026-03-02T04:30:00Z" and s["archiveJobs"]["compaction"].get(
-                             "lastOutcome") == "Succeeded", "the succeeded run in status")
-    assert status["archiveJobs"]["compaction"] == {
+    first, entry = reported_run(api, compact, datetime.datetime(2026, 3, 2, 4, 30, tzinfo=UTC),
+                                0, json.dumps(result) + "\n", "Succeeded")
+    assert entry == {
         "cronJob": "demo-compact", "lastScheduleTime": "2026-03-02T04:30:00Z",
         "lastJob": first, "lastOutcome": "Succeeded",
         "lastCompletionTime": "2026-03-02T04:34:00Z", "exitCode": 0, "result": result}
@@ -687,12 +698,9 @@ def test_scheduled_compaction_and_export_run_as_cronjobs_whose_runs_the_status_r
 
     # 4. The next run fails: Failed with the pipeline's reason, one Warning.
     reason = "flotilla pipeline: the archive holds no cluster 'x'"
-    second = cron_run(api, compact, datetime.datetime(2026, 3, 3, 4, 30, tzinfo=datetime.UTC),
-                      1, f"some Spark output\n{reason}\n")
-    status = wait_status(api, lambda s: s["archiveJobs"]["compaction"].get("lastScheduleTime")
-                         == "2026-03-03T04:30:00Z" and s["archiveJobs"]["compaction"].get(
-                             "lastOutcome") == "Failed", "the failed run in status")
-    assert status["archiveJobs"]["compaction"] == {
+    second, entry = reported_run(api, compact, datetime.datetime(2026, 3, 3, 4, 30, tzinfo=UTC),
+                                 1, f"some Spark output\n{reason}\n", "Failed")
+    assert entry == {
         "cronJob": "demo-compact", "lastScheduleTime": "2026-03-03T04:30:00Z",
         "lastJob": second, "lastOutcome": "Failed",
         "lastCompletionTime": "2026-03-03T04:34:00Z", "exitCode": 1, "message": reason}
