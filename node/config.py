@@ -18,6 +18,8 @@ from flotilla.node.archive.urls import parse_archive_url
 from flotilla.node.snapshot_policy import SnapshotPolicy
 
 DEFAULT_MAX_VALUE_BYTES = 1 << 20
+#: The shortest admin token a member accepts (etcd-grade secrets are 32 random bytes).
+MIN_TOKEN_BYTES = 16
 #: Member names: what a DNS label, a path segment and `--initial-cluster` all accept.
 MEMBER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 NAME_RULE = "1 to 63 letters, digits, '.', '_' or '-', starting with a letter or digit"
@@ -52,6 +54,14 @@ class NodeConfig:
     restore_index: int | None = None
     restore_time: int | None = None  # ms since the epoch (`--restore-time`, parsed)
     admin_token: str | None = None
+    # TLS (etcd's flag names): the client/admin port, and mutual TLS on the peer port.
+    cert_file: str | None = None
+    key_file: str | None = None
+    trusted_ca_file: str | None = None
+    client_cert_auth: bool = False
+    peer_cert_file: str | None = None
+    peer_key_file: str | None = None
+    peer_trusted_ca_file: str | None = None
     fsync: bool = True
     max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES
 
@@ -94,6 +104,17 @@ FLAGS: list[tuple[str, dict]] = [
     ("--restore-time", {"help": "restore the state after the last entry stamped at or before "
                                 "this RFC 3339 time (e.g. 2026-11-25T17:00:00.250Z)"}),
     ("--admin-token", {"help": "admin endpoints require Authorization: Bearer TOKEN"}),
+    ("--cert-file", {"help": "TLS certificate (PEM) for the client/admin port"}),
+    ("--key-file", {"help": "the private key (PEM) of --cert-file"}),
+    ("--trusted-ca-file", {"help": "CA (PEM) that signs client certificates "
+                                   "(with --client-cert-auth)"}),
+    ("--client-cert-auth", {"help": "clients must present a certificate signed by "
+                                    "--trusted-ca-file", "nargs": "?", "const": "true"}),
+    ("--peer-cert-file", {"help": "this member's certificate (PEM) for mutual TLS on the peer "
+                                  "port; its CN or a DNS SAN must equal --name"}),
+    ("--peer-key-file", {"help": "the private key (PEM) of --peer-cert-file"}),
+    ("--peer-trusted-ca-file", {"help": "the cluster's CA (PEM): peers must present a "
+                                        "certificate it signed"}),
     ("--fsync", {"help": "true (default) or false: acknowledge only what is on disk"}),
     ("--max-value-bytes", {"help": "largest value a client may write (default 1 MiB)"}),
 ]
@@ -121,8 +142,11 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> NodeConf
         raise UsageError(f"--name must be {NAME_RULE}, not {raw['name']!r}")
     listen_peer = _host_port(raw["listen_peer"], "--listen-peer")
     listen_client = _host_port(raw["listen_client"], "--listen-client")
-    advertise_peer = raw["advertise_peer"] or f"http://{_url_host(listen_peer)}"
-    advertise_client = raw["advertise_client"] or f"http://{_url_host(listen_client)}"
+    tls = _tls(raw)
+    peer_scheme = "https" if tls["peer_cert_file"] else "http"
+    client_scheme = "https" if tls["cert_file"] else "http"
+    advertise_peer = raw["advertise_peer"] or f"{peer_scheme}://{_url_host(listen_peer)}"
+    advertise_client = raw["advertise_client"] or f"{client_scheme}://{_url_host(listen_client)}"
     for url, flag in ((advertise_peer, "--advertise-peer"),
                       (advertise_client, "--advertise-client")):
         _check_url(url, flag)
@@ -135,6 +159,14 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> NodeConf
     if state == "new" and initial and raw["name"] not in initial:
         raise UsageError(f"--initial-cluster must include this member ({raw['name']}) when "
                          "--initial-cluster-state is new")
+    for member, url in initial.items() if peer_scheme == "https" else ():
+        if not url.startswith("https://"):
+            raise UsageError(f"--initial-cluster gives {member} the peer URL {url}, but the peer "
+                             "port speaks TLS (--peer-cert-file): use https:// URLs")
+    token = raw["admin_token"]
+    if token is not None and len(token.encode("utf-8", "surrogateescape")) < MIN_TOKEN_BYTES:
+        raise UsageError(f"--admin-token must be at least {MIN_TOKEN_BYTES} bytes long; make "
+                         "one with: python3 -c 'import secrets; print(secrets.token_urlsafe(32))'")
     election = _positive_int(raw["election_timeout_ms"], "--election-timeout-ms", 1000)
     heartbeat = _positive_int(raw["heartbeat_ms"], "--heartbeat-ms", 100)
     if election < 2 * heartbeat:
@@ -186,11 +218,30 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> NodeConf
         restore_cluster_id=raw["restore_cluster_id"],
         restore_index=restore_index,
         restore_time=restore_time,
-        admin_token=raw["admin_token"],
+        admin_token=token,
+        **tls,
         fsync=_bool(raw["fsync"], "--fsync"),
         max_value_bytes=_positive_int(raw["max_value_bytes"], "--max-value-bytes",
                                       DEFAULT_MAX_VALUE_BYTES),
     )
+
+
+def _tls(raw: dict) -> dict:
+    """The TLS flags, checked for what belongs together (the files are read at start)."""
+    tls = {key: raw[key] for key in ("cert_file", "key_file", "trusted_ca_file",
+                                     "peer_cert_file", "peer_key_file", "peer_trusted_ca_file")}
+    tls["client_cert_auth"] = _bool(raw["client_cert_auth"], "--client-cert-auth") \
+        if raw["client_cert_auth"] is not None else False
+    if bool(tls["cert_file"]) != bool(tls["key_file"]):
+        raise UsageError("--cert-file and --key-file go together: give both or neither")
+    if tls["client_cert_auth"] and not (tls["cert_file"] and tls["trusted_ca_file"]):
+        raise UsageError("--client-cert-auth needs --cert-file, --key-file and "
+                         "--trusted-ca-file (the CA that signs client certificates)")
+    peer = [tls[k] for k in ("peer_cert_file", "peer_key_file", "peer_trusted_ca_file")]
+    if any(peer) and not all(peer):
+        raise UsageError("mutual TLS on the peer port needs all of --peer-cert-file, "
+                         "--peer-key-file and --peer-trusted-ca-file")
+    return tls
 
 
 def _restore_time(text: str | None, restore_from: str | None,

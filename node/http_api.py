@@ -31,12 +31,17 @@ from flotilla.node.consensus import (
 from flotilla.node.consensus.progress import caught_up
 from flotilla.node.statemachine.kv import encode_delete, encode_put
 
+from . import tls
 from .config import MEMBER_NAME, NAME_RULE
+from .deadlines import BodyTimeout, chunks_within, read_body
 from .server import NodeServer, Overloaded, Unavailable
 from .transport import (
+    ADVERTISED,
     CLUSTER_HEADER,
+    FRAME_ENTRY_BYTES,
     MEMBERSHIP,
     MESSAGES_PATH,
+    PEER_BODY_LIMIT,
     SENDER_HEADER,
     SNAPSHOT_KEY_HEADER,
     SNAPSHOT_PATH,
@@ -44,11 +49,10 @@ from .transport import (
     SNAPSHOT_SIZE_HEADER,
     STREAM_PATH,
 )
-from .wire import WireError, decode_batch
+from .wire import Batch, WireError, decode_batch
 
 log = logging.getLogger(__name__)
 
-PEER_BODY_LIMIT = 64 << 20
 REQUEST_TIMEOUT = 10.0
 FORWARDED = "Flotilla-Forwarded"
 KV_PREFIX = "/v1/kv/"
@@ -170,10 +174,18 @@ def _log_refusal(sender: str, reason: str, message: str, *args: Any) -> None:
         log.warning(message, *args)
 
 
+def _too_slow(exc: BodyTimeout) -> web.Response:
+    refused = error(408, "request_timeout", f"{exc}; send it whole, promptly")
+    refused.force_close()
+    return refused
+
+
 @web.middleware
 async def _peer_errors(request: web.Request, handler) -> web.StreamResponse:
     try:
         return await handler(request)
+    except BodyTimeout as exc:
+        return _too_slow(exc)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -188,84 +200,148 @@ async def _peer_errors(request: web.Request, handler) -> web.StreamResponse:
 # --- peer API ---------------------------------------------------------------------------------
 
 
+def peer_body_limit(max_value_bytes: int) -> int:
+    """The largest peer body or frame a member takes: a few MiB, or enough for one entry of the
+    largest value a client may write beside a full frame."""
+    return max(PEER_BODY_LIMIT, FRAME_ENTRY_BYTES + 2 * max_value_bytes + (1 << 20))
+
+
+#: A batch body larger than this is decoded in a worker thread, so the loop keeps serving.
+DECODE_INLINE_BYTES = 256 << 10
+
+
+async def _decode(body: bytes, *, snapshot: bool = False) -> Batch:
+    if len(body) > DECODE_INLINE_BYTES:
+        return await asyncio.to_thread(decode_batch, body, snapshot=snapshot)
+    return decode_batch(body, snapshot=snapshot)
+
+
 def peer_app(node: NodeServer) -> web.Application:
-    async def messages(request: web.Request) -> web.Response:
-        declared = request.content_length
-        if declared is not None and declared > PEER_BODY_LIMIT:
-            _log_refusal(str(request.remote), "too_large", "refused a peer batch of %d bytes "
-                         "from %s: the limit is %d", declared, request.remote, PEER_BODY_LIMIT)
-            return error(413, "too_large", f"a peer batch may carry at most {PEER_BODY_LIMIT} "
-                         f"bytes, not {declared}")
-        body = await request.read()
-        try:
-            batch = decode_batch(body)
-        except WireError as exc:
-            _log_refusal(str(request.remote), "bad_message", "refused a peer request from %s "
-                         "(%d bytes): %s", request.remote, len(body), exc)
-            return error(400, "bad_message", f"not a Flotilla peer batch: {exc}")
-        if batch.cluster_id != node.cfg.cluster_id:
-            _log_refusal(batch.sender, "wrong_cluster", "refused messages from %s at %s: they "
-                         "carry cluster id %r, this member's is %r (check --cluster-id and "
-                         "--initial-cluster)", batch.sender, request.remote, batch.cluster_id,
-                         node.cfg.cluster_id)
+    limit = peer_body_limit(node.cfg.max_value_bytes)
+    cluster_id = node.cfg.cluster_id
+    authenticated = node.cfg.peer_cert_file is not None
+
+    def admit(request: web.Request) -> str | web.Response:
+        """Who sends this request, from its headers alone, before a byte of its body is read:
+        the sender of the right cluster, named by the connection's certificate (with TLS), and
+        a member. Anything else is refused without creating any state for the sender."""
+        theirs = request.headers.get(CLUSTER_HEADER)
+        sender = request.headers.get(SENDER_HEADER)
+        if theirs != cluster_id:
+            _log_refusal(str(request.remote), "wrong_cluster", "refused a peer request from %s "
+                         "(%s): it carries cluster id %r, this member's is %r (check "
+                         "--cluster-id and --initial-cluster)", sender, request.remote, theirs,
+                         cluster_id)
             return error(403, "wrong_cluster",
-                         f"this member belongs to cluster {node.cfg.cluster_id!r}, not "
-                         f"{batch.cluster_id!r}: check --cluster-id and --initial-cluster")
-        node.transport.learn(batch.sender, batch.peer_url, batch.client_url)
-        mine = [m for m in batch.messages if m.to == node.name]
-        node.deliver(mine)
+                         f"this member belongs to cluster {cluster_id!r}, not {theirs!r}: check "
+                         f"--cluster-id and --initial-cluster")
+        if not sender or len(sender) > 63:
+            return error(400, "bad_message", f"a peer request names its sender in {SENDER_HEADER}")
+        if authenticated:
+            names = tls.names(request.transport.get_extra_info("peercert")
+                              if request.transport is not None else None)
+            if sender not in names:
+                _log_refusal(str(request.remote), "impostor", "refused a peer request from %s "
+                             "in the name of %r: its certificate names %s", request.remote,
+                             sender, sorted(names) or "nobody")
+                return error(403, "not_authenticated",
+                             f"the connection's certificate names {sorted(names)}, not the "
+                             f"sender {sender!r}: each member dials with its own certificate")
+        if not node.accepts_peer(sender):
+            _log_refusal(sender[:63], "not_a_member", "refused a peer request from %r at %s: "
+                         "not a member of this cluster's configuration", sender, request.remote)
+            return error(403, "not_a_member", f"{sender!r} is not a member of this cluster")
+        return sender
+
+    def heard(batch: Batch) -> None:
+        """A member that knows no configuration yet (it started empty, to be added) learns how
+        to answer whoever adds it from that peer's batch; every other member dials only the
+        URLs of its flags and of the committed configuration."""
+        if not node.core.membership.members():
+            node.transport.learn(batch.sender, batch.peer_url, source=ADVERTISED)
+
+    def same_sender(batch: Batch, sender: str) -> str | None:
+        if batch.cluster_id != cluster_id:
+            return f"a batch of cluster {batch.cluster_id!r}"
+        if batch.sender != sender:
+            return f"a batch in the name of {batch.sender!r} on {sender!r}'s connection"
+        return None
+
+    async def messages(request: web.Request) -> web.Response:
+        sender = admit(request)
+        if isinstance(sender, web.Response):
+            return sender
+        declared = request.content_length
+        if declared is not None and declared > limit:
+            _log_refusal(sender, "too_large", "refused a peer batch of %d bytes from %s: the "
+                         "limit is %d", declared, sender, limit)
+            return error(413, "too_large", f"a peer batch may carry at most {limit} bytes, not "
+                         f"{declared}")
+        body = await read_body(request)
+        try:
+            batch = await _decode(body)
+        except WireError as exc:
+            _log_refusal(sender, "bad_message", "refused a peer request from %s at %s (%d "
+                         "bytes): %s", sender, request.remote, len(body), exc)
+            return error(400, "bad_message", f"not a Flotilla peer batch: {exc}")
+        wrong = same_sender(batch, sender)
+        if wrong is not None:
+            _log_refusal(sender, "wrong_sender", "refused %s from %s", wrong, request.remote)
+            return error(403, "wrong_sender", f"refused {wrong}")
+        heard(batch)
+        name = node.name
+        node.deliver([m for m in batch.messages if m.to == name])
         return web.Response(status=204)
 
     async def stream(request: web.Request) -> web.StreamResponse:
         """A peer's persistent stream: one binary frame per batch, for as long as it lives."""
-        theirs = request.headers.get(CLUSTER_HEADER)
-        if theirs != node.cfg.cluster_id:
-            return error(403, "wrong_cluster",
-                         f"this member belongs to cluster {node.cfg.cluster_id!r}, not "
-                         f"{theirs!r}: check --cluster-id and --initial-cluster")
-        ws = web.WebSocketResponse(max_msg_size=PEER_BODY_LIMIT, compress=False)
+        sender = admit(request)
+        if isinstance(sender, web.Response):
+            return sender
+        ws = web.WebSocketResponse(max_msg_size=limit, compress=False)
         await ws.prepare(request)
-        sender = request.headers.get(SENDER_HEADER, "?")
+        name = node.name
         async for msg in ws:
             if msg.type is not aiohttp.WSMsgType.BINARY:
                 if msg.type is aiohttp.WSMsgType.ERROR:
-                    log.warning("stream from %s failed: %s", sender, ws.exception())
+                    _log_refusal(sender, "stream_error", "stream from %s failed: %s", sender,
+                                 ws.exception())
                     break
                 continue
             try:
-                batch = decode_batch(msg.data)
+                batch = await _decode(msg.data)
+                wrong = same_sender(batch, sender)
+                if wrong is not None:
+                    raise WireError(wrong)
             except WireError as exc:
-                log.warning("closing the stream from %s: %s", sender, exc)
-                await ws.close(code=aiohttp.WSCloseCode.UNSUPPORTED_DATA,
+                _log_refusal(sender, "bad_message", "closing the stream from %s: %s", sender,
+                             exc)
+                await ws.close(code=aiohttp.WSCloseCode.POLICY_VIOLATION,
                                message=str(exc)[:120].encode())
                 break
-            if batch.cluster_id != node.cfg.cluster_id:
-                log.warning("closing the stream from %s: a batch of cluster %r", sender,
-                            batch.cluster_id)
-                await ws.close(code=aiohttp.WSCloseCode.POLICY_VIOLATION,
-                               message=b"wrong cluster id")
-                break
-            node.transport.learn(batch.sender, batch.peer_url, batch.client_url)
-            name = node.name
+            heard(batch)
             node.deliver([m for m in batch.messages if m.to == name])
         return ws
 
     async def snapshot(request: web.Request) -> web.Response:
+        sender = admit(request)
+        if isinstance(sender, web.Response):
+            return sender
         try:
             batch = decode_batch(bytes.fromhex(request.headers.get("Flotilla-Message", "")),
                                  snapshot=True)
         except (WireError, ValueError) as exc:
             return error(400, "bad_message", f"snapshot without a valid message header: {exc}")
-        if batch.cluster_id != node.cfg.cluster_id:
-            return error(403, "wrong_cluster", f"this member belongs to cluster "
-                         f"{node.cfg.cluster_id!r}, not {batch.cluster_id!r}")
+        wrong = same_sender(batch, sender)
+        if wrong is not None:
+            return error(403, "wrong_sender", f"refused {wrong}")
         if (len(batch.messages) != 1 or batch.messages[0].snapshot is None
                 or batch.messages[0].type is not MessageType.SNAPSHOT):
             return error(400, "bad_message", "a snapshot request carries one snapshot message")
         if batch.messages[0].to != node.name:
             return error(400, "bad_message", f"this snapshot is for {batch.messages[0].to!r}; "
                          f"this member is {node.name!r}")
-        node.transport.learn(batch.sender, batch.peer_url, batch.client_url)
+        heard(batch)
         key = request.headers.get(SNAPSHOT_KEY_HEADER)
         if key is not None:
             sha256 = request.headers.get(SNAPSHOT_SHA_HEADER, "")
@@ -279,11 +355,12 @@ def peer_app(node: NodeServer) -> web.Application:
                 return error(409, "archive_unavailable", f"cannot fetch {key} from the "
                              f"archive: {exc}; stream the snapshot instead")
             return web.Response(status=204)
-        await node.receive_snapshot(batch.messages[0], request.content.iter_chunked(1 << 20))
+        await node.receive_snapshot(batch.messages[0],
+                                    chunks_within(request.content.iter_chunked(1 << 20)))
         return web.Response(status=204)
 
     _quiet_bad_requests()
-    app = web.Application(client_max_size=PEER_BODY_LIMIT, middlewares=[_peer_errors])
+    app = web.Application(client_max_size=limit, middlewares=[_peer_errors])
     app.router.add_post(MESSAGES_PATH, messages)
     app.router.add_post(SNAPSHOT_PATH, snapshot)
     app.router.add_get(STREAM_PATH, stream)
@@ -362,7 +439,11 @@ class ClientAPI:
         if declared is not None and declared > self.node.cfg.max_value_bytes:
             return self._too_large(request, declared)  # before reading a byte of it
         try:
+            if request.body_exists:
+                await read_body(request)  # within its deadline; handlers read it again
             return await handler(request)
+        except BodyTimeout as exc:
+            return _too_slow(exc)
         except web.HTTPRequestEntityTooLarge:
             return self._too_large(request, None)
         except web.HTTPException as exc:
@@ -406,7 +487,10 @@ class ClientAPI:
         if url is None:
             return unavailable("no leader is known yet; retry")
         if self.session is None:
-            self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15))
+            context = self.node.tls.forward_client
+            self.session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=15),
+                connector=aiohttp.TCPConnector(ssl=context if context is not None else True))
         headers = {k: v for k, v in request.headers.items()
                    if k.lower().startswith("flotilla-") or k.lower() in ("content-type",
                                                                           "authorization")}
@@ -632,8 +716,9 @@ class ClientAPI:
             if m.joint or pending > core.log.committed:
                 raise MembershipChangeInProgress(pending)  # before learning any address
             self.node.transport.learn(name, peer_url, client_url, source=MEMBERSHIP)
-            index = await self.node.change_membership(m.voters, m.learners | {name},
-                                                      {name: peer_url})
+            index = await self.node.change_membership(
+                m.voters, m.learners | {name}, {name: peer_url},
+                {name: client_url} if client_url else None)
             return web.json_response({"index": index, "config": self.node.core.membership
                                       .describe()})
         return await self._admin(request, action)

@@ -23,7 +23,8 @@ from aiohttp import web
 from flotilla.node.archive import ArchiveError
 from flotilla.node.storage import StorageError
 
-from . import config, restore
+from . import config, restore, tls
+from .deadlines import DeadlineSite
 from .http_api import ClientAPI, peer_app
 from .server import NodeServer
 
@@ -40,7 +41,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s {cfg.name} %(levelname)s %(name)s: %(message)s")
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
-    node = NodeServer(cfg)
+    try:
+        contexts = tls.NodeContexts.from_config(cfg)
+    except tls.TLSError as exc:
+        print(f"flotilla node: cannot use TLS: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    node = NodeServer(cfg, contexts)
     try:
         node.open()
     except (StorageError, OSError) as exc:
@@ -67,14 +73,17 @@ async def _listen(node: NodeServer) -> list[web.AppRunner]:
     """Bind both ports, or raise ListenError with nothing left open behind it."""
     cfg = node.cfg
     runners: list[web.AppRunner] = []
-    for app, (host, port), flag in ((peer_app(node), cfg.listen_peer, "--listen-peer"),
-                                    (ClientAPI(node).app(), cfg.listen_client,
-                                     "--listen-client")):
+    tls_contexts = node.tls
+    for app, (host, port), flag, context in (
+            (peer_app(node), cfg.listen_peer, "--listen-peer", tls_contexts.peer_server),
+            (ClientAPI(node).app(), cfg.listen_client, "--listen-client",
+             tls_contexts.client_server)):
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         runners.append(runner)
         try:
             await runner.setup()
-            await web.TCPSite(runner, host, port, reuse_address=True).start()
+            await DeadlineSite(runner, host, port, reuse_address=True,
+                               ssl_context=context).start()
         except OSError as exc:
             for opened in runners:
                 await opened.cleanup()

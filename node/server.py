@@ -25,6 +25,7 @@ from flotilla.node.consensus import (
     Entry,
     EntryKind,
     Membership,
+    MembershipChangeInProgress,
     Message,
     ProposalError,
     RaftCore,
@@ -49,6 +50,7 @@ from . import restore
 from .archiver import NODE_ARCHIVE_SETTINGS, Archiver
 from .config import NodeConfig
 from .metrics import Metrics
+from .tls import NodeContexts
 from .transport import (
     CONFIGURED,
     MEMBERSHIP,
@@ -95,8 +97,9 @@ def _restored_machine(payload) -> KVStateMachine:
 
 
 class NodeServer:
-    def __init__(self, cfg: NodeConfig) -> None:
+    def __init__(self, cfg: NodeConfig, contexts: NodeContexts | None = None) -> None:
         self.cfg = cfg
+        self.tls = contexts if contexts is not None else NodeContexts()
         self.name = cfg.name
         self.metrics = Metrics()
         self._inbox: list[Message] = []
@@ -220,6 +223,7 @@ class NodeServer:
             snapshot_reference=self._snapshot_reference,
             # A stream that swallows bytes is noticed within 1.5 pings and dialled again.
             ping_interval=max(1.0, cfg.election_timeout_ms / 1000),
+            ssl_context=self.tls.peer_client,
         )
         for name, url in cfg.initial_cluster.items():
             self.transport.learn(name, peer_url=url, source=CONFIGURED)
@@ -291,8 +295,8 @@ class NodeServer:
         self._wakeup.set()
         return await fut
 
-    async def change_membership(self, voters, learners, addresses=None) -> int:
-        index = self.core.change_membership(voters, learners, addresses)
+    async def change_membership(self, voters, learners, addresses=None, clients=None) -> int:
+        index = self.core.change_membership(voters, learners, addresses, clients)
         self._wakeup.set()
         await self.wait_applied(index)
         return index
@@ -456,6 +460,9 @@ class NodeServer:
                 result = sm.apply(entry.index, entry.data)
             elif entry.kind == EntryKind.MEMBERSHIP:
                 self._learn_addresses(Membership.decode(entry.data))
+                self._publish_client_url(entry.term)
+            else:  # a leader's no-op: its term's first entry
+                self._publish_client_url(entry.term)
             self.applied = entry.index
             waiting = proposals.pop(entry.index, None) if proposals else None
             if waiting is None:
@@ -495,6 +502,22 @@ class NodeServer:
     def _learn_addresses(self, membership: Membership) -> None:
         for name, url in membership.addresses:
             self.transport.learn(name, peer_url=url, source=MEMBERSHIP)
+        for name, url in membership.clients:
+            self.transport.learn(name, client_url=url, source=MEMBERSHIP)
+
+    def _publish_client_url(self, term: int) -> None:
+        """A leader whose term's entries apply makes sure the configuration gives its client
+        URL: that is where followers forward clients (a peer's say-so never is)."""
+        core = self.core
+        if core.role is not Role.LEADER or term != core.term:
+            return
+        try:
+            if core.publish_client_url(self.cfg.advertise_client) is not None:
+                self._wakeup.set()
+        except MembershipChangeInProgress:
+            pass  # the change's entry applies later and calls this again
+        except ProposalError as exc:  # a transfer under way: the next leader publishes its own
+            log.debug("not publishing this member's client URL now: %s", exc)
 
     def _peer_unreachable(self, peer: str) -> None:
         self.core.report_unreachable(peer)
@@ -714,6 +737,18 @@ class NodeServer:
     def ready(self) -> bool:
         """Knows a leader and has applied what it knew to be committed."""
         return self.core.leader is not None and self.applied >= self.core.log.committed
+
+    def accepts_peer(self, sender: str) -> bool:
+        """Whether a peer request from `sender` is taken: a member of the newest configuration
+        in the log, or of this member's configured first voters. A member that started empty
+        to be added (it knows no configuration yet) takes any sender of its cluster; with TLS
+        that is any holder of a certificate from the cluster's CA."""
+        if sender == self.name:
+            return False
+        membership = self.core.membership
+        if sender in membership.members() or sender in self.cfg.initial_cluster:
+            return True
+        return not membership.members()
 
     def leader_client_url(self) -> str | None:
         leader = self.core.leader

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import Callable
 from typing import BinaryIO
 
@@ -23,7 +24,7 @@ import aiohttp
 import msgpack
 from flotilla.node.consensus import Message, MessageType
 
-from .wire import encode_batch
+from .wire import MAX_ENTRIES, MAX_MESSAGES, encode_batch
 
 log = logging.getLogger(__name__)
 
@@ -36,11 +37,18 @@ SNAPSHOT_SHA_HEADER = "Flotilla-Snapshot-Sha256"
 SNAPSHOT_SIZE_HEADER = "Flotilla-Snapshot-Bytes"
 CLUSTER_HEADER = "Flotilla-Cluster-Id"
 SENDER_HEADER = "Flotilla-Sender"
-STREAM_FRAME_LIMIT = 64 << 20
+#: What a receiver takes in one peer body or stream frame, at least (a member whose
+#: `--max-value-bytes` is larger takes a little more than its largest entry: see peer_body_limit).
+PEER_BODY_LIMIT = 8 << 20
+# Entry bytes in one frame at most: a larger batch leaves as several frames.
+FRAME_ENTRY_BYTES = 4 << 20
 # Entry bytes that may wait for one peer while its stream is busy; more is dropped (see send).
 MAX_QUEUED_BYTES = 8 << 20
-# Where a peer URL came from, strongest first (see PeerTransport.learn).
+# Where a peer URL came from, strongest first (see PeerTransport.learn). What a peer's batch
+# says of itself (ADVERTISED) is heard only by a member that knows no configuration yet.
 CONFIGURED, MEMBERSHIP, ADVERTISED = "configured", "membership", "advertised"
+# A sender task that failed is started again after this long (it logs why).
+SENDER_RESTART_DELAY = 0.1
 SNAPSHOT_CHUNK = 1 << 20
 
 
@@ -56,6 +64,8 @@ class PeerTransport:
         snapshot_source: Callable[[Message], BinaryIO | None],
         snapshot_reference: Callable[[Message], dict[str, str] | None] = lambda m: None,
         ping_interval: float = 1.0,
+        ssl_context: ssl.SSLContext | None = None,
+        frame_entry_bytes: int = FRAME_ENTRY_BYTES,
     ) -> None:
         self.name = name
         self.cluster_id = cluster_id
@@ -69,6 +79,9 @@ class PeerTransport:
         self._snapshot_source = snapshot_source
         self._snapshot_reference = snapshot_reference
         self.ping_interval = ping_interval
+        self.ssl_context = ssl_context
+        self.frame_entry_bytes = frame_entry_bytes
+        self.sender_failures = 0  # sender tasks restarted after a failure (a metric)
         self.dials: dict[str, int] = {}  # streams opened per peer (a metric)
         self.snapshot_bytes_streamed = 0  # snapshot payload sent to peers (a metric)
         self._queues: dict[str, list[Message]] = {}
@@ -81,7 +94,8 @@ class PeerTransport:
 
     async def start(self) -> None:
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit_per_host=4, force_close=False),
+            connector=aiohttp.TCPConnector(limit_per_host=4, force_close=False,
+                                           ssl=self.ssl_context if self.ssl_context else True),
             timeout=aiohttp.ClientTimeout(total=5, connect=1),
         )
 
@@ -95,18 +109,23 @@ class PeerTransport:
             await self._session.close()
 
     def learn(self, name: str, peer_url: str | None = None, client_url: str | None = None,
-              source: str = ADVERTISED) -> None:
+              source: str = MEMBERSHIP) -> None:
         """Record how to reach `name`. Sources rank: CONFIGURED (this member's own flags:
         --initial-cluster, its own URLs) is never overridden, since that route may go through
         a proxy or a NAT; MEMBERSHIP (a committed configuration, an admin add) replaces what
         came from the membership before, so a member re-added at a new URL is dialled there;
-        ADVERTISED (what a peer says of itself in its batches) only fills in the unknown."""
+        ADVERTISED (a peer's own say-so, heard only by a member that knows no configuration
+        yet, so that it can answer the leader adding it) only fills in the unknown. Client URLs
+        come from the membership alone."""
         if peer_url:
             url = peer_url.rstrip("/")
             held = self._url_source.get(name)
-            if held is None or (source != ADVERTISED and held != CONFIGURED):
+            if held is None or (source != ADVERTISED and (held != CONFIGURED
+                                                          or source == CONFIGURED)):
                 self.peer_urls[name] = url
                 self._url_source[name] = source
+        if source == ADVERTISED:
+            return
         if client_url:
             self.client_urls[name] = client_url.rstrip("/")
 
@@ -134,6 +153,37 @@ class PeerTransport:
             self._wakeups[m.to].set()
 
     async def _sender(self, peer: str) -> None:
+        """Run `peer`'s sender for as long as the transport lives: a failure is a bug, so it is
+        logged with its traceback and the sender starts again (its stream is dialled anew)."""
+        while True:
+            try:
+                await self._send_loop(peer)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                self.sender_failures += 1
+                log.exception("the sender to %s failed; starting it again", peer)
+                self._on_unreachable(peer)
+                await asyncio.sleep(SENDER_RESTART_DELAY)
+
+    def _frames(self, batch: list[Message]) -> list[bytes]:
+        """`batch` as frames of at most MAX_MESSAGES messages, MAX_ENTRIES entries and about
+        frame_entry_bytes of entry data each (one message is never split), in order."""
+        frames, part, size, count = [], [], 0, 0
+        for m in batch:
+            grows = sum(len(e.data) for e in m.entries) if m.entries else 0
+            if part and (len(part) >= MAX_MESSAGES or size + grows > self.frame_entry_bytes
+                         or count + len(m.entries) > MAX_ENTRIES):
+                frames.append(part)
+                part, size, count = [], 0, 0
+            part.append(m)
+            size += grows
+            count += len(m.entries)
+        frames.append(part)
+        return [encode_batch(self.cluster_id, self.name, self.peer_url, self.client_url, f)
+                for f in frames]
+
+    async def _send_loop(self, peer: str) -> None:
         wakeup = self._wakeups[peer]
         stream: aiohttp.ClientWebSocketResponse | None = None
         dialled = None  # the URL `stream` goes to
@@ -150,7 +200,7 @@ class PeerTransport:
                 log.debug("no address for %s; dropping %d messages", peer, len(batch))
                 self._on_unreachable(peer)
                 continue
-            body = encode_batch(self.cluster_id, self.name, self.peer_url, self.client_url, batch)
+            frames = self._frames(batch)
             try:
                 if stream is not None and dialled != url:  # the member moved
                     await stream.close()
@@ -160,11 +210,16 @@ class PeerTransport:
                     if stream is None:
                         self._on_unreachable(peer)
                         continue
-                await stream.send_bytes(body)
+                for frame in frames:
+                    await stream.send_bytes(frame)
             except (TimeoutError, aiohttp.ClientError, OSError, RuntimeError) as exc:
                 log.debug("sending to %s failed: %s", peer, exc)
                 stream = None
                 self._on_unreachable(peer)
+
+    def _headers(self) -> dict[str, str]:
+        """Who is asking, read by the receiver before any body: the cluster and the sender."""
+        return {CLUSTER_HEADER: self.cluster_id, SENDER_HEADER: self.name}
 
     async def _dial(self, peer: str, url: str) -> aiohttp.ClientWebSocketResponse | None:
         """Open the stream to `peer`, or log why not and return None (the core retries)."""
@@ -173,9 +228,8 @@ class PeerTransport:
             # A dial into a black hole must not hold this peer's messages for long.
             async with asyncio.timeout(self.ping_interval):
                 stream = await self._session.ws_connect(
-                    url + STREAM_PATH, headers={CLUSTER_HEADER: self.cluster_id,
-                                                SENDER_HEADER: self.name},
-                    heartbeat=self.ping_interval, max_msg_size=STREAM_FRAME_LIMIT,
+                    url + STREAM_PATH, headers=self._headers(),
+                    heartbeat=self.ping_interval, max_msg_size=PEER_BODY_LIMIT,
                     timeout=aiohttp.ClientWSTimeout(ws_close=1.0), autoclose=True, compress=0,
                 )
         except aiohttp.WSServerHandshakeError as exc:
@@ -237,7 +291,7 @@ class PeerTransport:
                         yield chunk
 
             timeout = aiohttp.ClientTimeout(total=None, sock_read=60)
-            headers = {"Flotilla-Message": header.hex()}
+            headers = {"Flotilla-Message": header.hex(), **self._headers()}
             async with self._session.post(url + SNAPSHOT_PATH, data=chunks(), headers=headers,
                                           timeout=timeout) as resp:
                 ok = resp.status == 204
@@ -254,7 +308,7 @@ class PeerTransport:
                      reference: dict[str, str]) -> bool:
         """Point the peer at the archived copy of snapshot `m` (no payload from us): True once
         it has fetched and stored it; False (stream it instead) when it cannot."""
-        headers = {"Flotilla-Message": header.hex(), **reference}
+        headers = {"Flotilla-Message": header.hex(), **reference, **self._headers()}
         timeout = aiohttp.ClientTimeout(total=None, sock_read=600)  # it downloads meanwhile
         try:
             async with self._session.post(url + SNAPSHOT_PATH, data=b"", headers=headers,

@@ -27,6 +27,13 @@ from flotilla.node.consensus import (
 )
 
 VERSION = 1
+#: Terms, indexes, commits and times are below 2^63 (etcd's are uint64, but a value no member
+#: can add one to would wedge the sender that must encode the next term).
+MAX_VALUE = (1 << 63) - 1
+#: Messages in one batch, and entries in all of its messages, at most: a sender splits larger
+#: ones (see PeerTransport), so more is a broken or hostile peer.
+MAX_MESSAGES = 4096
+MAX_ENTRIES = 65536
 _TYPES = {int(t): t for t in MessageType}
 _KINDS = {int(k) for k in EntryKind}
 
@@ -84,11 +91,17 @@ def decode_batch(body: bytes, *, snapshot: bool = False) -> Batch:
         raise WireError("batch header fields must be strings")
     if not isinstance(raw, list):
         raise WireError("batch messages must be a list")
+    if len(raw) > MAX_MESSAGES:
+        raise WireError(f"a batch carries at most {MAX_MESSAGES} messages, not {len(raw)}")
     messages = []
+    entries = 0
     for item in raw:
         m = _decode(item)
         if m.frm != sender:
             raise WireError(f"message from {m.frm!r} inside a batch from {sender!r}")
+        entries += len(m.entries)
+        if entries > MAX_ENTRIES:
+            raise WireError(f"a batch carries at most {MAX_ENTRIES} entries")
         if not snapshot and (m.type is MessageType.SNAPSHOT or m.snapshot is not None):
             raise WireError("a snapshot message travels alone on the snapshot route, with its "
                             "payload, never in a batch")
@@ -110,8 +123,8 @@ def _membership(raw: bytes) -> Membership:
 
 
 def _int(x: Any, what: str) -> int:
-    if type(x) is not int or x < 0:
-        raise WireError(f"{what} must be a non-negative integer")
+    if type(x) is not int or not 0 <= x <= MAX_VALUE:
+        raise WireError(f"{what} must be an integer from 0 to 2^63-1")
     return x
 
 
@@ -154,8 +167,8 @@ def _decode(item: Any) -> Message:
                                          _int(snap[1], "snapshot term"), membership,
                                          _int(snap[3], "snapshot ts_ms") if len(snap) == 4
                                          else 0))
-    if context is not None and not isinstance(context, (int, str)):
-        raise WireError("context must be an integer, a string or nil")
+    if context is not None and not isinstance(context, str):
+        context = _int(context, "context")
     return Message(
         mtype, to, frm, _int(term, "term"), _int(log_term, "log term"), _int(index, "index"),
         decoded, _int(commit, "commit"), bool(reject), _int(hint_index, "hint index"),

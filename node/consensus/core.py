@@ -135,6 +135,7 @@ class RaftCore:
         self._read_round = 0
         self._read_round_wanted = False
         self._broadcast_wanted = False
+        self.acks_beyond_sent = 0  # acknowledgements of more than was sent (hostile or broken)
         self._msgs: list[Message] = []
         self._persisted_msgs: list[Message] = []
         self._read_states: list[ReadState] = []
@@ -190,6 +191,7 @@ class RaftCore:
         voters: set[str] | frozenset[str],
         learners: set[str] | frozenset[str] = frozenset(),
         addresses: dict[str, str] | None = None,
+        clients: dict[str, str] | None = None,
     ) -> int:
         """Propose the configuration with exactly these voters and learners.
 
@@ -210,9 +212,26 @@ class RaftCore:
             raise InvalidMembership("the configuration is already exactly that")
         merged = dict(current.addresses)
         merged.update(addresses or {})
+        merged_clients = dict(current.clients)
+        merged_clients.update(clients or {})
         outgoing = None if voters == current.voters else current.voters
         target = Membership(voters=voters, learners=learners, outgoing=outgoing)
-        return self._append_membership(target.with_addresses(merged))
+        return self._append_membership(target.with_addresses(merged, merged_clients))
+
+    def publish_client_url(self, url: str) -> int | None:
+        """Leader: record this member's client URL in the configuration (one membership entry
+        that changes no voter), so followers forward clients to the URL the log gives. None
+        when the configuration already says so; MembershipChangeInProgress while a change runs
+        (the runtime tries again once it is committed)."""
+        self._check_can_propose()
+        current = self.membership
+        if dict(current.clients).get(self.name) == url:
+            return None
+        pending = self.log.membership_index()
+        if current.joint or pending > self.log.committed:
+            raise MembershipChangeInProgress(pending)
+        clients = {**dict(current.clients), self.name: url}
+        return self._append_membership(current.with_addresses(current.addresses, clients))
 
     def read_index(self, context: Any) -> None:
         """Ask for a linearizable read. A `ReadState(context, index)` comes out in a later
@@ -422,7 +441,13 @@ class RaftCore:
                     pr.become_probe()
                 self._send_append(m.frm)
             return
-        if not pr.maybe_update(m.index):
+        index = m.index
+        if index > pr.sent_max:
+            # More than we ever sent it: a broken or hostile peer. Believe only what was sent,
+            # which is safe (a lower match never commits too much) and keeps replication going.
+            self.acks_beyond_sent += 1  # the runtime reports it (a metric, a warning)
+            index = pr.sent_max
+        if not pr.maybe_update(index):
             return
         if pr.state is ProgressState.PROBE:
             pr.become_replicate()
@@ -781,7 +806,7 @@ class RaftCore:
             if current.joint:
                 # C_old,new is committed: move on to C_new (dissertation 4.3).
                 target = Membership(voters=current.voters, learners=current.learners)
-                self._append_membership(target.with_addresses(current.addresses))
+                self._append_membership(target.with_addresses(current.addresses, current.clients))
             elif not current.can_vote(self.name):
                 # C_new is committed and does not include this leader: hand over and step down.
                 self._broadcast_append()

@@ -42,6 +42,7 @@ class Progress:
         "probe_sent",
         "read_ack",
         "recent_active",
+        "sent_max",
         "state",
     )
 
@@ -53,6 +54,9 @@ class Progress:
         self.probe_sent = False
         self.recent_active = False
         self.read_ack = 0  # highest read round this member has confirmed (ReadIndex)
+        # The highest index this leader has sent the member (an append's last entry, a probe's
+        # index, a snapshot's index): it can acknowledge nothing beyond that.
+        self.sent_max = 0
         self.max_inflight = max_inflight
         self.inflight: deque[int] = deque()  # last index of each unacknowledged append
 
@@ -81,6 +85,8 @@ class Progress:
     def become_snapshot(self, index: int) -> None:
         self.state = ProgressState.SNAPSHOT
         self.pending_snapshot = index
+        if index > self.sent_max:
+            self.sent_max = index
         self.probe_sent = False
         self.inflight.clear()
 
@@ -122,6 +128,8 @@ class Progress:
 
     def sent(self, last_index: int) -> None:
         """An append ending at `last_index` has been sent."""
+        if last_index > self.sent_max:
+            self.sent_max = last_index
         if self.state is ProgressState.REPLICATE:
             self.next = last_index + 1
             self.inflight.append(last_index)

@@ -65,13 +65,16 @@ class Membership:
     `outgoing` is None outside joint consensus. While joint (C_old,new), `outgoing` holds the
     old voters and `voters` the new ones: elections and commitment need a majority of each.
     Learners receive the log but are never counted. `addresses` maps members to their peer
-    URLs: the core only carries them along, so that whoever leads next can reach every member.
+    URLs and `clients` to their client URLs: the core only carries them along, so that whoever
+    leads next can reach every member, and followers forward clients to the leader's URL as the
+    committed log gives it, never as a peer's message claims it.
     """
 
     voters: frozenset[str]
     learners: frozenset[str] = frozenset()
     outgoing: frozenset[str] | None = None
     addresses: tuple[tuple[str, str], ...] = ()
+    clients: tuple[tuple[str, str], ...] = ()
 
     @property
     def joint(self) -> bool:
@@ -81,11 +84,16 @@ class Membership:
         """Everyone the leader replicates to."""
         return self.voters | self.learners | (self.outgoing or frozenset())
 
-    def with_addresses(self, addresses: dict[str, str] | tuple[tuple[str, str], ...]) -> Membership:
-        """This configuration carrying the peer URLs of its own members only."""
+    def with_addresses(self, addresses: dict[str, str] | tuple[tuple[str, str], ...],
+                       clients: dict[str, str] | tuple[tuple[str, str], ...] = ()
+                       ) -> Membership:
+        """This configuration carrying the peer (and client) URLs of its own members only."""
         members = self.members()
-        kept = tuple(sorted((n, url) for n, url in dict(addresses).items() if n in members))
-        return Membership(self.voters, self.learners, self.outgoing, kept)
+
+        def kept(urls):
+            return tuple(sorted((n, url) for n, url in dict(urls).items() if n in members))
+        return Membership(self.voters, self.learners, self.outgoing, kept(addresses),
+                          kept(clients))
 
     def can_vote(self, name: str) -> bool:
         return name in self.voters or (self.outgoing is not None and name in self.outgoing)
@@ -96,6 +104,8 @@ class Membership:
             doc["outgoing"] = sorted(self.outgoing)
         if self.addresses:
             doc["addresses"] = dict(self.addresses)
+        if self.clients:
+            doc["clients"] = dict(self.clients)
         return json.dumps(doc, separators=(",", ":")).encode()
 
     @classmethod
@@ -107,6 +117,7 @@ class Membership:
             learners=frozenset(doc.get("learners", ())),
             outgoing=None if outgoing is None else frozenset(outgoing),
             addresses=tuple(sorted(doc.get("addresses", {}).items())),
+            clients=tuple(sorted(doc.get("clients", {}).items())),
         )
 
     def describe(self) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import pytest
 
 from tests.node.badinput import Canary, assert_error, module_cluster
 
-TOKEN = "s3cret-T0ken"
+TOKEN = "s3cret-T0ken-of-24-bytes"
 
 ADMIN = [
     ("POST", "/v1/members", b'{"name": "n7", "peer_url": "http://127.0.0.1:1"}'),

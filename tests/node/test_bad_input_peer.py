@@ -1,5 +1,8 @@
 """Bad input on the peer port of a real 3-member cluster: another cluster's batches, garbage,
 truncated and misshapen msgpack, an enormous Content-Length, raw bytes that are not HTTP.
+Garbage is sent as a member would send it (the cluster id and sender in the headers, in the
+name of member SENDER), so it reaches the decoder; what a non-member sends is refused before
+(see tests/hostile).
 
 Each must be refused with a 4xx JSON error (or, for what is not HTTP at all, a 400 from the
 parser), the refusal must be logged with its reason, and afterwards the leader and its term
@@ -37,6 +40,8 @@ from tests.node.badinput import (
 MESSAGES = node_transport.MESSAGES_PATH
 SNAPSHOT = node_transport.SNAPSHOT_PATH
 HUGE_TERM = 10**9
+#: Garbage is sent in this member's name to the other members.
+SENDER = "n2"
 
 
 
@@ -55,8 +60,13 @@ def unharmed(cluster, canary):
     canary.check()
 
 
-def post(url: str, body: bytes, headers: dict | None = None, method: str = "POST"
-         ) -> tuple[int, dict, bytes]:
+def post(url: str, body: bytes, headers: dict | None = None, method: str = "POST",
+         cluster_id: str | None = None, sender: str = SENDER) -> tuple[int, dict, bytes]:
+    """`body` to `url`; with `cluster_id`, with the headers a peer sends (its cluster id and
+    its name)."""
+    if cluster_id is not None:
+        headers = {node_transport.CLUSTER_HEADER: cluster_id,
+                   node_transport.SENDER_HEADER: sender, **(headers or {})}
     request = urllib.request.Request(url, data=body, method=method, headers=headers or {})
     try:
         with urllib.request.urlopen(request, timeout=10) as resp:
@@ -107,10 +117,12 @@ def test_a_batch_of_another_cluster_is_refused_and_logged(cluster, unharmed):
         body = encode_batch("someone-elses-cluster", "intruder", "http://127.0.0.1:1",
                             "http://127.0.0.1:2", disruptive(member))
         for _ in range(3):  # retried like a misconfigured peer would; logged once
-            answer = post(cluster.peer_url(member) + MESSAGES, body)
+            answer = post(cluster.peer_url(member) + MESSAGES, body,
+                          cluster_id="someone-elses-cluster", sender="intruder")
             doc = assert_peer_error(answer, 403, "wrong_cluster", "someone-elses-cluster")
             assert cluster.cluster_id in doc["error"]
-        wait_log(cluster, member, "refused messages from intruder", "someone-elses-cluster")
+        wait_log(cluster, member, "refused a peer request from intruder",
+                 "someone-elses-cluster")
         assert log_text(cluster, member).count("'someone-elses-cluster'") == 1
 
 
@@ -136,23 +148,24 @@ def test_a_snapshot_of_another_cluster_is_refused(cluster, unharmed):
         header = encode_batch("someone-elses-cluster", "intruder", "http://127.0.0.1:1",
                               "http://127.0.0.1:2", [m]).hex()
         answer = post(cluster.peer_url(member) + SNAPSHOT, b"payload",
-                      headers={"Flotilla-Message": header})
+                      headers={"Flotilla-Message": header},
+                      cluster_id="someone-elses-cluster", sender="intruder")
         assert_peer_error(answer, 403, "wrong_cluster", "someone-elses-cluster")
 
 
 # --- garbage with or without the right cluster id ----------------------------------------------
 
 def _batch(cluster, member, messages) -> bytes:
-    return encode_batch(cluster.cluster_id, "intruder", "http://127.0.0.1:1",
+    return encode_batch(cluster.cluster_id, SENDER, "http://127.0.0.1:1",
                         "http://127.0.0.1:2", messages)
 
 
 def _raw_batch(cluster, *messages) -> bytes:
-    return msgpack.packb([VERSION, cluster.cluster_id, "intruder", "http://127.0.0.1:1",
+    return msgpack.packb([VERSION, cluster.cluster_id, SENDER, "http://127.0.0.1:1",
                           "http://127.0.0.1:2", list(messages)], use_bin_type=True)
 
 
-def _raw_message(kind=int(MessageType.APPEND), to="n0", frm="intruder", term=HUGE_TERM,
+def _raw_message(kind=int(MessageType.APPEND), to="n0", frm=SENDER, term=HUGE_TERM,
                  log_term=0, index=0, entries=(), snap=None):
     return [kind, to, frm, term, log_term, index, list(entries), 0, False, 0, 0, snap, None,
             False]
@@ -166,7 +179,7 @@ GARBAGE = {
     "trailing-bytes": lambda cluster, m: _batch(cluster, m, disruptive(m)) + b"\x00",
     "not-a-list": lambda cluster, m: msgpack.packb({"cluster": cluster.cluster_id}),
     "wrong-version": lambda cluster, m: msgpack.packb(
-        [VERSION + 1, cluster.cluster_id, "intruder", "", "", []]),
+        [VERSION + 1, cluster.cluster_id, SENDER, "", "", []]),
     "int-header": lambda cluster, m: msgpack.packb([VERSION, cluster.cluster_id, 5, "", "", []]),
     "unknown-type": lambda cluster, m: _raw_batch(cluster, _raw_message(kind=99, to=m)),
     "negative-term": lambda cluster, m: _raw_batch(cluster, _raw_message(to=m, term=-1)),
@@ -197,34 +210,44 @@ GARBAGE = {
 @pytest.mark.parametrize("name", sorted(GARBAGE))
 def test_garbage_batches_are_400_and_harm_nothing(cluster, unharmed, name):
     for member in cluster.members:
+        if member == SENDER:
+            continue
         body = GARBAGE[name](cluster, member)
-        answer = post(cluster.peer_url(member) + MESSAGES, body)
+        answer = post(cluster.peer_url(member) + MESSAGES, body, cluster_id=cluster.cluster_id)
         assert_peer_error(answer, 400, "bad_message")
     wait_log(cluster, cluster.members[0], "refused a peer request from")
 
 
 def test_a_snapshot_route_without_a_valid_message_is_400(cluster, unharmed):
     for member in cluster.members:
+        if member == SENDER:
+            continue
         url = cluster.peer_url(member) + SNAPSHOT
-        assert_peer_error(post(url, b"x"), 400, "bad_message")
-        assert_peer_error(post(url, b"x", {"Flotilla-Message": "zz"}), 400, "bad_message")
-        not_a_snapshot = _batch(cluster, member, disruptive(member)[:1]).hex()
-        assert_peer_error(post(url, b"x", {"Flotilla-Message": not_a_snapshot}), 400,
+        ours = cluster.cluster_id
+        assert_peer_error(post(url, b"x", cluster_id=ours), 400, "bad_message")
+        assert_peer_error(post(url, b"x", {"Flotilla-Message": "zz"}, cluster_id=ours), 400,
                           "bad_message")
-        meta = SnapshotMeta(HUGE_TERM, HUGE_TERM, Membership(voters=frozenset({"intruder"})))
-        elsewhere = Message(MessageType.SNAPSHOT, to="someone-else", frm="intruder",
+        not_a_snapshot = _batch(cluster, member, disruptive(member, SENDER)[:1]).hex()
+        assert_peer_error(post(url, b"x", {"Flotilla-Message": not_a_snapshot},
+                               cluster_id=ours), 400, "bad_message")
+        meta = SnapshotMeta(HUGE_TERM, HUGE_TERM, Membership(voters=frozenset({SENDER})))
+        elsewhere = Message(MessageType.SNAPSHOT, to="someone-else", frm=SENDER,
                             term=HUGE_TERM, snapshot=Snapshot(meta))
         header = _batch(cluster, member, [elsewhere]).hex()
-        assert_peer_error(post(url, b"x", {"Flotilla-Message": header}), 400, "bad_message",
-                          "someone-else")
+        assert_peer_error(post(url, b"x", {"Flotilla-Message": header}, cluster_id=ours), 400,
+                          "bad_message", "someone-else")
 
 
 def test_an_enormous_content_length_is_413_before_the_body(cluster, unharmed):
     for member in cluster.members:
+        if member == SENDER:
+            continue
         host, port = address(cluster.peer_url(member))
         started = time.monotonic()
         answer = raw_exchange(host, port, (
-            f"POST {MESSAGES} HTTP/1.1\r\nHost: {host}\r\nContent-Length: {1 << 40}\r\n\r\n"
+            f"POST {MESSAGES} HTTP/1.1\r\nHost: {host}\r\nContent-Length: {1 << 40}\r\n"
+            f"{node_transport.CLUSTER_HEADER}: {cluster.cluster_id}\r\n"
+            f"{node_transport.SENDER_HEADER}: {SENDER}\r\n\r\n"
         ).encode() + b"\x96\x01", timeout=10)
         assert time.monotonic() - started < 5, "the member waited for the declared body"
         raw_error(answer, 413, "too_large")
