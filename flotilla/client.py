@@ -32,6 +32,7 @@ import http.client
 import json
 import random
 import socket
+import ssl
 import threading
 import time
 import uuid
@@ -191,14 +192,15 @@ class _Answer:
 
 
 def normalize_endpoint(endpoint: str) -> str:
-    """``127.0.0.1:2379`` or ``http://127.0.0.1:2379/`` -> ``http://127.0.0.1:2379``."""
+    """``127.0.0.1:2379`` or ``http://127.0.0.1:2379/`` -> ``http://127.0.0.1:2379``
+    (``https://`` stays https)."""
     text = endpoint.strip()
     parts = urlsplit(text if "//" in text else "http://" + text)
-    if parts.scheme != "http" or not parts.hostname or parts.port is None:
-        raise ValueError(f"expected a client URL like http://127.0.0.1:2379, got {endpoint!r} "
-                         "(only http is supported)")
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.port is None:
+        raise ValueError(f"expected a client URL like http://127.0.0.1:2379 or "
+                         f"https://10.0.0.1:2379, got {endpoint!r}")
     host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
-    return f"http://{host}:{parts.port}"
+    return f"{parts.scheme}://{host}:{parts.port}"
 
 
 def key_path(key: str) -> str:
@@ -235,6 +237,25 @@ class _NoDelayConnection(http.client.HTTPConnection):
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
+class _NoDelayTLSConnection(http.client.HTTPSConnection):
+    """The same over TLS."""
+
+    def connect(self) -> None:
+        super().connect()
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def tls_context(ca_file: str | None = None, cert_file: str | None = None,
+                key_file: str | None = None) -> ssl.SSLContext:
+    """The context a client dials https:// members with: it verifies them against `ca_file`
+    (else the system's CAs) and shows `cert_file` when the members ask for a certificate
+    (`--client-cert-auth`)."""
+    ctx = ssl.create_default_context(cafile=ca_file)
+    if cert_file:
+        ctx.load_cert_chain(cert_file, key_file or cert_file)
+    return ctx
+
+
 # --- the client -----------------------------------------------------------------------------
 
 
@@ -248,6 +269,9 @@ class Client:
     ``first_seq``: the first sequence number (to continue a session of ``client_id``).
     ``prefer_leader=False`` sends to the endpoints themselves, round-robin, and lets them
     forward: to spread serializable reads, or to show forwarding.
+    ``ca_file`` (the CA that signed the members' certificates), ``cert_file`` and ``key_file``
+    (this client's certificate, for members run with ``--client-cert-auth``), or a ready
+    ``ssl_context``: for ``https://`` endpoints.
     ``stop_when_refused=True`` raises ``Unreachable`` as soon as every endpoint has refused a
     connection during a call, instead of retrying until ``timeout``: right for a command a user
     waits on, wrong for a program riding out a restart of the whole cluster (off by default).
@@ -266,6 +290,10 @@ class Client:
         max_backoff: float = 1.0,
         prefer_leader: bool = True,
         stop_when_refused: bool = False,
+        ca_file: str | None = None,
+        cert_file: str | None = None,
+        key_file: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         if isinstance(endpoints, str):
             endpoints = endpoints.split(",")
@@ -283,6 +311,9 @@ class Client:
         self.max_backoff = max_backoff
         self.prefer_leader = prefer_leader
         self.stop_when_refused = stop_when_refused
+        self._ssl_context = ssl_context
+        if ssl_context is None and (ca_file or cert_file):
+            self._ssl_context = tls_context(ca_file, cert_file, key_file)
         self._seq = first_seq - 1
         self._leader_url: str | None = None
         # Where calls go while it answers: the leader once known; else, for a short while, a
@@ -629,8 +660,14 @@ class Client:
         conn = self._conns.get(url)
         if conn is None:
             parts = urlsplit(url)
-            conn = self._conns[url] = _NoDelayConnection(parts.hostname, parts.port,
-                                                         timeout=timeout)
+            if parts.scheme == "https":
+                if self._ssl_context is None:
+                    self._ssl_context = tls_context()
+                conn = _NoDelayTLSConnection(parts.hostname, parts.port, timeout=timeout,
+                                             context=self._ssl_context)
+            else:
+                conn = _NoDelayConnection(parts.hostname, parts.port, timeout=timeout)
+            self._conns[url] = conn
             self._used.discard(url)
         try:
             conn.timeout = timeout
