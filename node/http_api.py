@@ -34,7 +34,7 @@ from flotilla.node.statemachine.kv import encode_delete, encode_put
 from . import tls
 from .config import MEMBER_NAME, NAME_RULE
 from .deadlines import BodyTimeout, chunks_within, read_body
-from .server import NodeServer, Overloaded, Unavailable
+from .server import NodeServer, Overloaded, SnapshotRefused, Unavailable
 from .transport import (
     ADVERTISED,
     CLUSTER_HEADER,
@@ -220,6 +220,7 @@ def peer_app(node: NodeServer) -> web.Application:
     limit = peer_body_limit(node.cfg.max_value_bytes)
     cluster_id = node.cfg.cluster_id
     authenticated = node.cfg.peer_cert_file is not None
+    client_urls = node.transport.client_urls  # from the committed configuration only
 
     def admit(request: web.Request) -> str | web.Response:
         """Who sends this request, from its headers alone, before a byte of its body is read:
@@ -259,6 +260,9 @@ def peer_app(node: NodeServer) -> web.Application:
         URLs of its flags and of the committed configuration."""
         if not node.core.membership.members():
             node.transport.learn(batch.sender, batch.peer_url, source=ADVERTISED)
+        elif (batch.client_url != client_urls.get(batch.sender)  # the usual case: known
+              and not _url_problem(batch.client_url, "client_url")):
+            node.heard_client_url(batch.sender, batch.client_url.rstrip("/"))
 
     def same_sender(batch: Batch, sender: str) -> str | None:
         if batch.cluster_id != cluster_id:
@@ -355,8 +359,12 @@ def peer_app(node: NodeServer) -> web.Application:
                 return error(409, "archive_unavailable", f"cannot fetch {key} from the "
                              f"archive: {exc}; stream the snapshot instead")
             return web.Response(status=204)
-        await node.receive_snapshot(batch.messages[0],
-                                    chunks_within(request.content.iter_chunked(1 << 20)))
+        try:
+            await node.receive_snapshot(batch.messages[0],
+                                        chunks_within(request.content.iter_chunked(1 << 20)))
+        except SnapshotRefused as exc:
+            _log_refusal(sender, "bad_snapshot", "refused a snapshot from %s: %s", sender, exc)
+            return error(400, "bad_snapshot", str(exc))
         return web.Response(status=204)
 
     _quiet_bad_requests()
@@ -365,6 +373,17 @@ def peer_app(node: NodeServer) -> web.Application:
     app.router.add_post(SNAPSHOT_PATH, snapshot)
     app.router.add_get(STREAM_PATH, stream)
     return app
+
+
+def public_status(doc: dict[str, Any]) -> dict[str, Any]:
+    """`/v1/status` for a caller without the admin token: what a client needs to find the
+    leader and judge freshness, without what would help someone pose as a peer (the cluster
+    id, peer URLs) or reach the archive."""
+    shown = {k: v for k, v in doc.items() if k not in ("cluster_id", "archive", "members")}
+    shown["members"] = {name: {k: v for k, v in member.items() if k != "peer_url"}
+                        for name, member in doc.get("members", {}).items()}
+    shown["redacted"] = ["cluster_id", "archive", "members.*.peer_url"]
+    return shown
 
 
 # --- client and admin API ----------------------------------------------------------------------
@@ -660,7 +679,10 @@ class ClientAPI:
     # --- admin ---------------------------------------------------------------------------
 
     async def status(self, request: web.Request) -> web.Response:
-        return web.json_response(self.node.status())
+        doc = self.node.status()
+        if self.node.cfg.admin_token is not None and self._admin_allowed(request) is not None:
+            doc = public_status(doc)
+        return web.json_response(doc)
 
     async def _json(self, request: web.Request) -> dict[str, Any] | web.Response:
         try:

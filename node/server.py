@@ -96,6 +96,10 @@ def _restored_machine(payload) -> KVStateMachine:
     return sm
 
 
+class SnapshotRefused(ValueError):
+    """A snapshot a peer sent does not restore; nothing was replaced."""
+
+
 class NodeServer:
     def __init__(self, cfg: NodeConfig, contexts: NodeContexts | None = None) -> None:
         self.cfg = cfg
@@ -103,6 +107,9 @@ class NodeServer:
         self.name = cfg.name
         self.metrics = Metrics()
         self._inbox: list[Message] = []
+        self._heard_clients: dict[str, str] = {}  # leader: client URLs members reported
+        # A received snapshot's file and the machine restored from it when it arrived.
+        self._verified_machine: tuple[Path, KVStateMachine] | None = None
         self._proposals: dict[int, _Proposal] = {}
         self._pending_bytes = 0
         self._read_ids = itertools.count(1)
@@ -505,14 +512,28 @@ class NodeServer:
         for name, url in membership.clients:
             self.transport.learn(name, client_url=url, source=MEMBERSHIP)
 
+    def heard_client_url(self, sender: str, url: str) -> None:
+        """A member (named by its certificate, with TLS) says where its clients connect. Only
+        the leader takes note, and only to commit it to the configuration: nothing dials a
+        client URL before the log gives it, and followers forward only to the URL the leader
+        published for itself."""
+        core = self.core
+        if (core.role is not Role.LEADER or len(url) > 512
+                or self._heard_clients.get(sender) == url):
+            return
+        self._heard_clients[sender] = url
+        self._publish_client_url(core.term)
+
     def _publish_client_url(self, term: int) -> None:
         """A leader whose term's entries apply makes sure the configuration gives its client
-        URL: that is where followers forward clients (a peer's say-so never is)."""
+        URL (and those its members reported of themselves): that is where followers forward
+        clients (a peer's say-so never is)."""
         core = self.core
         if core.role is not Role.LEADER or term != core.term:
             return
         try:
-            if core.publish_client_url(self.cfg.advertise_client) is not None:
+            urls = {**self._heard_clients, self.name: self.cfg.advertise_client}
+            if core.publish_client_urls(urls) is not None:
                 self._wakeup.set()
         except MembershipChangeInProgress:
             pass  # the change's entry applies later and calls this again
@@ -637,6 +658,16 @@ class NodeServer:
             self.metrics.snapshots_sent += 1
         self._wakeup.set()
 
+    @staticmethod
+    def _verify_received(writer) -> KVStateMachine:
+        try:
+            with writer.written_payload() as payload:
+                return _restored_machine(payload)
+        except Exception as exc:  # anything a malformed payload makes the machine raise
+            raise SnapshotRefused(f"snapshot {writer.meta.index} (term {writer.meta.term}) "
+                                  f"does not restore: {exc.__class__.__name__}: "
+                                  f"{str(exc)[:200]}") from None
+
     async def receive_snapshot(self, m: Message, chunks) -> None:
         """A leader streams us a snapshot: store it durably, then step the message."""
         meta = m.snapshot.meta
@@ -644,10 +675,14 @@ class NodeServer:
         try:
             async for chunk in chunks:
                 await asyncio.to_thread(writer.write, chunk)
+            # Restored into a fresh machine before it replaces anything: a snapshot that does
+            # not restore is refused, and this member keeps running on what it had.
+            machine = await asyncio.to_thread(self._verify_received, writer)
             path = await asyncio.to_thread(writer.commit)
         except BaseException:
             writer.abort()
             raise
+        self._verified_machine = (path, machine)
         # The store keeps one committed snapshot besides the one in progress, so this file is
         # now the newest one there (the core may still decline it if it has caught up).
         self._snapshot = StoredSnapshot(meta, self.sm.kind, path)
@@ -665,7 +700,11 @@ class NodeServer:
             with self.snapshots.open_payload(path) as payload:
                 return _restored_machine(payload)
 
-        self.sm = await asyncio.to_thread(restore)
+        verified, self._verified_machine = self._verified_machine, None
+        if verified is not None and verified[0] == path:
+            self.sm = verified[1]  # restored when it arrived
+        else:
+            self.sm = await asyncio.to_thread(restore)
         await asyncio.to_thread(self.storage.install_snapshot, snap.meta)
         self.applied = self.metrics.applied = snap.meta.index
         self._learn_addresses(snap.meta.membership)

@@ -218,19 +218,21 @@ class RaftCore:
         target = Membership(voters=voters, learners=learners, outgoing=outgoing)
         return self._append_membership(target.with_addresses(merged, merged_clients))
 
-    def publish_client_url(self, url: str) -> int | None:
-        """Leader: record this member's client URL in the configuration (one membership entry
-        that changes no voter), so followers forward clients to the URL the log gives. None
-        when the configuration already says so; MembershipChangeInProgress while a change runs
-        (the runtime tries again once it is committed)."""
+    def publish_client_urls(self, urls: dict[str, str]) -> int | None:
+        """Leader: record members' client URLs in the configuration (one membership entry that
+        changes no voter), so followers forward clients to the URL the log gives. None when
+        the configuration already says so; MembershipChangeInProgress while a change runs (the
+        runtime tries again once it is committed)."""
         self._check_can_propose()
         current = self.membership
-        if dict(current.clients).get(self.name) == url:
+        clients = dict(current.clients)
+        wanted = {n: u for n, u in urls.items() if n in current.members() or n == self.name}
+        if all(clients.get(n) == u for n, u in wanted.items()):
             return None
         pending = self.log.membership_index()
         if current.joint or pending > self.log.committed:
             raise MembershipChangeInProgress(pending)
-        clients = {**dict(current.clients), self.name: url}
+        clients.update(wanted)
         return self._append_membership(current.with_addresses(current.addresses, clients))
 
     def read_index(self, context: Any) -> None:

@@ -181,6 +181,14 @@ class SnapshotWriter:
         self._size += view.nbytes
         return view.nbytes
 
+    def written_payload(self) -> BinaryIO:
+        """A reader of the payload written so far (before `commit`): to check a snapshot that
+        came from elsewhere before it becomes visible. The caller closes it."""
+        self._file.flush()
+        reader = open(self.temp_path, "rb")  # noqa: SIM115 (the caller closes it)
+        reader.seek(len(self._header))
+        return reader
+
     def commit(self) -> Path:
         """Make the snapshot durable and visible, then remove older ones. Returns its path."""
         if self.closed:
