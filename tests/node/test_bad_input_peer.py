@@ -345,3 +345,47 @@ def test_the_decoder_refuses_a_bad_snapshot_membership(membership):
         use_bin_type=True)
     with pytest.raises(WireError):
         decode_batch(body, snapshot=True)
+
+
+@pytest.mark.parametrize("field", ["term", "log_term", "index"])
+def test_the_decoder_refuses_values_of_2_to_the_63_or_more(field):
+    fine = _raw_message(to="n0", **{field: (1 << 63) - 1})
+    if field != "term":
+        fine[3] = (1 << 63) - 1  # an entry-less append's term bounds nothing else
+    decode_batch(msgpack.packb([VERSION, "c", SENDER, "", "", [fine]], use_bin_type=True))
+    for value in (1 << 63, (1 << 64) - 1):
+        bad = _raw_message(to="n0", **{field: value})
+        with pytest.raises(WireError, match="2\\^63"):
+            decode_batch(msgpack.packb([VERSION, "c", SENDER, "", "", [bad]],
+                                       use_bin_type=True))
+
+
+def test_the_decoder_refuses_a_batch_of_too_many_messages():
+    from flotilla.node.wire import MAX_MESSAGES
+
+    one = _raw_message(kind=int(MessageType.HEARTBEAT), to="n0")
+    ok = msgpack.packb([VERSION, "c", SENDER, "", "", [one] * MAX_MESSAGES], use_bin_type=True)
+    assert len(decode_batch(ok).messages) == MAX_MESSAGES
+    over = msgpack.packb([VERSION, "c", SENDER, "", "", [one] * (MAX_MESSAGES + 1)],
+                         use_bin_type=True)
+    with pytest.raises(WireError, match="at most"):
+        decode_batch(over)
+
+
+def test_the_sender_splits_what_it_sends_into_frames_the_receiver_takes():
+    from flotilla.node.transport import PeerTransport
+    from flotilla.node.wire import MAX_MESSAGES
+
+    transport = PeerTransport("n1", "c", "http://p", "http://c", on_unreachable=print,
+                              on_snapshot_sent=print, snapshot_source=lambda m: None,
+                              frame_entry_bytes=1000)
+    big = [Message(MessageType.APPEND, to="n0", frm="n1", term=1, index=i, log_term=1,
+                   entries=[Entry(i + 1, 1, 0, bytes(300))]) for i in range(10)]
+    beats = [Message(MessageType.HEARTBEAT, to="n0", frm="n1", term=1, entries=[])] * (
+        MAX_MESSAGES + 5)
+    frames = transport._frames(big + beats)
+    decoded = [decode_batch(f) for f in frames]
+    assert [m for b in decoded for m in b.messages] == big + beats  # all of it, in order
+    assert all(sum(len(e.data) for m in b.messages for e in m.entries) <= 1000
+               for b in decoded)
+    assert all(len(b.messages) <= MAX_MESSAGES for b in decoded)
