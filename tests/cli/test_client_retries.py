@@ -175,7 +175,9 @@ def test_keys_travel_percent_encoded_and_arrive_unchanged(stub, key):
 def test_endpoints_are_normalised_and_checked():
     assert normalize_endpoint("127.0.0.1:2379/") == "http://127.0.0.1:2379"
     assert Client("http://a:1,b:2").endpoints == ["http://a:1", "http://b:2"]
-    with pytest.raises(ValueError):
-        Client("https://a:1")
+    assert Client("https://a:1/").endpoints == ["https://a:1"]
+    for wrong in ("ftp://a:1", "https://a", "http://:1"):
+        with pytest.raises(ValueError):
+            Client(wrong)
     with pytest.raises(ValueError):
         key_path("")
