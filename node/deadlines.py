@@ -20,7 +20,7 @@ from aiohttp.web_protocol import RequestHandler
 
 HEADER_TIMEOUT = 10.0
 IDLE_TIMEOUT = 30.0
-BODY_TIMEOUT = 30.0
+BODY_TIMEOUT = 15.0
 
 
 class BodyTimeout(Exception):

@@ -257,10 +257,14 @@ def peer_app(node: NodeServer) -> web.Application:
     def heard(batch: Batch) -> None:
         """A member that knows no configuration yet (it started empty, to be added) learns how
         to answer whoever adds it from that peer's batch; every other member dials only the
-        URLs of its flags and of the committed configuration."""
+        URLs of its flags and of the committed configuration. With TLS, the leader also takes
+        the client URL a member reports of itself, to commit it to the configuration (as
+        etcd's members publish their own attributes); without TLS, where anyone could speak
+        in a member's name, only each leader's own client URL is committed."""
         if not node.core.membership.members():
             node.transport.learn(batch.sender, batch.peer_url, source=ADVERTISED)
-        elif (batch.client_url != client_urls.get(batch.sender)  # the usual case: known
+        elif (authenticated  # the sender is who its certificate says: it speaks of itself
+              and batch.client_url != client_urls.get(batch.sender)  # usually it is known
               and not _url_problem(batch.client_url, "client_url")):
             node.heard_client_url(batch.sender, batch.client_url.rstrip("/"))
 

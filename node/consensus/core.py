@@ -443,13 +443,13 @@ class RaftCore:
                     pr.become_probe()
                 self._send_append(m.frm)
             return
-        index = m.index
-        if index > pr.sent_max:
-            # More than we ever sent it: a broken or hostile peer. Believe only what was sent,
-            # which is safe (a lower match never commits too much) and keeps replication going.
-            self.acks_beyond_sent += 1  # the runtime reports it (a metric, a warning)
-            index = pr.sent_max
-        if not pr.maybe_update(index):
+        if m.index > pr.sent_max:
+            # More than we ever sent it: a broken or hostile peer. Believing even part of it
+            # could count entries still on their way (or lost) as stored, so it is ignored;
+            # the follower's next real answer moves replication on.
+            self.acks_beyond_sent += 1  # the runtime reports it (a metric)
+            return
+        if not pr.maybe_update(m.index):
             return
         if pr.state is ProgressState.PROBE:
             pr.become_replicate()
