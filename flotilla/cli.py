@@ -800,8 +800,16 @@ def cmd_kv_ls(client, args: argparse.Namespace) -> int:
 @_with_client
 def cmd_member_list(client, args: argparse.Namespace) -> int:
     doc = client.status()
+    # A member's client URL is in the configuration once it has led (or was added with one);
+    # before that, a local cluster's state file knows it.
+    known = {}
+    if not args.endpoints:
+        from flotilla.local import LocalCluster
+
+        known = {m.name: m.client_url for m in LocalCluster.load(_dir(args)).members}
     members = [{"name": name, "role": m.get("role"), "peer_url": m.get("peer_url"),
-                "client_url": m.get("client_url"), "match_index": m.get("match_index")}
+                "client_url": m.get("client_url") or known.get(name),
+                "match_index": m.get("match_index")}
                for name, m in sorted((doc.get("members") or {}).items())]
     if args.output != "table":
         _emit({"leader": doc.get("leader"), "term": doc.get("term"), "members": members},
