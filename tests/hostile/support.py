@@ -271,6 +271,16 @@ class Keeper:
                 findings.expect(st["term"] < SIGNED_LIMIT,
                                 f"{name} is in term {st['term']} after {tag} (>= 2^63)")
 
+    def check_commit_within_log(self, findings: Findings, tag: str) -> None:
+        """No member's commit index is beyond its own log."""
+        assert self.cluster is not None
+        for name in self.cluster.members:
+            st = self.status(name)
+            if st is not None:
+                findings.expect(st["commit_index"] <= st["last_index"],
+                                f"{tag}: {name}'s commit index {st['commit_index']} is beyond "
+                                f"its log, which ends at {st['last_index']}")
+
     def stop(self) -> None:
         if self.cluster is not None:
             self.cluster.stop_all()
