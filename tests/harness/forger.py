@@ -238,8 +238,9 @@ class Forger:
 
     def stream(self, sender: str, *, cluster_id: str | None = None,
                headers: Mapping[str, str] | None = None) -> PeerStream:
-        """Open ``GET /raft/v1/stream`` as ``sender`` (the handshake's answer is in
-        ``PeerStream.status``: 101 when the member took the stream)."""
+        """Open ``GET /raft/v1/stream`` as ``sender``. The handshake's answer is in
+        ``PeerStream.status``: 101 when the member took the stream, 0 when it did not answer
+        (why in ``PeerStream.error``)."""
         key = base64.b64encode(os.urandom(16)).decode()
         head = [
             "GET /raft/v1/stream HTTP/1.1", f"Host: {self.host}:{self.port}",
@@ -249,13 +250,16 @@ class Forger:
             f"Flotilla-Sender: {sender}",
         ]
         head += [f"{k}: {v}" for k, v in (headers or {}).items()]
-        sock = self.connect()
+        try:
+            sock = self.connect()
+        except OSError as exc:
+            return PeerStream(None, 0, b"", error=repr(exc))
         try:
             sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode("latin-1"))
             status, rest = _read_head(sock)
-        except BaseException:
+        except (OSError, http.client.HTTPException) as exc:
             sock.close()
-            raise
+            return PeerStream(None, 0, b"", error=repr(exc))
         if status != 101:
             sock.close()
             return PeerStream(None, status, rest)
@@ -266,10 +270,12 @@ class PeerStream:
     """One WebSocket to a member's peer port, written frame by frame."""
 
     def __init__(self, sock: socket.socket | None, status: int, body: bytes,
-                 buffered: bytes = b"") -> None:
+                 buffered: bytes = b"", error: str | None = None) -> None:
         self.sock = sock
-        self.status = status  # of the handshake: 101, or the refusal
+        # The handshake's answer: 101, the refusal's status, or 0 for none (then `error`).
+        self.status = status
         self.body = body  # the start of the refusal's body
+        self.error = error
         self._buffer = bytearray(buffered)
         self.close_code: int | str | None = None  # once closed: its code, or "eof"/"reset"
 
@@ -278,7 +284,8 @@ class PeerStream:
         return self.sock is not None and self.close_code is None
 
     def send(self, frame: bytes) -> bool:
-        """Send one binary frame (a batch); False when the member had closed the stream."""
+        """Send one binary frame (a batch); False when the member closed the stream first,
+        or stopped reading it (the socket's timeout ran out, the stream stays open)."""
         if not self.open:
             return False
         assert self.sock is not None
@@ -301,6 +308,8 @@ class PeerStream:
                     if not self.open:
                         return False
                 self.sock.sendall(view[at:at + CHUNK])
+        except TimeoutError:
+            return False
         except OSError:
             self.close_code = "reset"
             return False

@@ -87,6 +87,8 @@ def refused_on_stream(target: Forger, sender: str, frame: bytes, within: float =
     handshake is refused, or the stream is closed within ``within`` seconds of the frame);
     otherwise what happened instead."""
     with target.stream(sender) as stream:
+        if stream.status == 0:
+            return f"the handshake got no answer ({stream.error})"
         if stream.status != 101:
             return None
         stream.send(frame)
