@@ -17,6 +17,9 @@ member, an advertised URL pointing anywhere. ``message()`` returns one message a
 way (a client library's size limit, its retry, its wait for the whole upload) hides what the
 member does:
 
+* ``post_messages(batch)``: ``POST /raft/v1/messages`` with the headers a member sends
+  (``Flotilla-Cluster-Id`` with the forger's id and ``Flotilla-Sender`` naming the batch's
+  sender), unless told otherwise.
 * ``post(path, body)``: one HTTP/1.1 request. The body goes out in chunks while the socket is
   watched for an early answer, so a member that refuses before reading the body is seen doing
   so (``Answer.body_sent`` says how much it had been sent); ``send_at_most`` stops the upload
@@ -24,7 +27,7 @@ member does:
 * ``stream(sender)``: the WebSocket of ``GET /raft/v1/stream`` (RFC 6455 by hand), one binary
   frame per batch; ``PeerStream.closed_within`` tells whether and how the member closed it.
 * ``post_snapshot(header, payload)``: the snapshot route, its header batch in
-  ``Flotilla-Message``.
+  ``Flotilla-Message`` (and the member's headers, as above).
 
 Every connection can be wrapped in TLS: pass an ``ssl.SSLContext`` (with a client certificate
 loaded, or none, or one from another CA) to ``Forger`` for the mutual-TLS phase.
@@ -57,6 +60,7 @@ __all__ = [
     "MessageType",
     "PeerStream",
     "batch",
+    "batch_sender",
     "message",
     "packed",
     "snapshot_meta",
@@ -68,6 +72,8 @@ MAX_U64 = (1 << 64) - 1
 SIGNED_LIMIT = 1 << 63
 WIRE_VERSION = 1
 CHUNK = 64 << 10
+CLUSTER_HEADER = "Flotilla-Cluster-Id"
+SENDER_HEADER = "Flotilla-Sender"
 
 
 class MessageType:
@@ -124,6 +130,21 @@ def batch(cluster_id: str, sender: str, messages: Iterable[Sequence[Any] | bytes
     parts += [head.pack(x) for x in (version, cluster_id, sender, peer_url, client_url)]
     parts.append(head.pack_array_header(len(items) * repeat))
     return b"".join(parts) + b"".join(items) * repeat
+
+
+def batch_sender(body: bytes) -> str | None:
+    """The sender a batch names, read from its head alone (a batch may be 25 MiB)."""
+    unpacker = msgpack.Unpacker(raw=False)
+    unpacker.feed(body[:4096])
+    try:
+        if unpacker.read_array_header() != 6:
+            return None
+        unpacker.skip()  # the version
+        unpacker.skip()  # the cluster id
+        sender = unpacker.unpack()
+    except Exception:  # not a batch's head: nobody to name
+        return None
+    return sender if isinstance(sender, str) else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -224,14 +245,28 @@ class Forger:
                     None, {}, b"", time.monotonic() - start, sent, error=repr(exc))
             return _read_answer(sock, start, sent, timeout)
 
-    def post_messages(self, body: bytes, **options: Any) -> Answer:
-        """``POST /raft/v1/messages``; ``options`` as for ``post``."""
-        return self.post("/raft/v1/messages", body, **options)
+    def identity(self, batch: bytes) -> dict[str, str]:
+        """The headers a member sends with ``batch``: this forger's cluster id and the sender
+        the batch names (what the receiver checks before reading a body)."""
+        headers = {CLUSTER_HEADER: self.cluster_id}
+        sender = batch_sender(batch)
+        if sender is not None:
+            headers[SENDER_HEADER] = sender
+        return headers
 
-    def post_snapshot(self, header: bytes, payload: bytes, **options: Any) -> Answer:
+    def post_messages(self, body: bytes, *, identify: bool = True, **options: Any) -> Answer:
+        """``POST /raft/v1/messages``, with the headers a member sends (``identity``) unless
+        ``identify`` is false; ``headers`` given in ``options`` win; the rest as for
+        ``post``."""
+        headers = {**(self.identity(body) if identify else {}), **options.pop("headers", {})}
+        return self.post("/raft/v1/messages", body, headers=headers, **options)
+
+    def post_snapshot(self, header: bytes, payload: bytes, *, identify: bool = True,
+                      **options: Any) -> Answer:
         """``POST /raft/v1/snapshot``: ``header`` is a batch holding the snapshot message (sent
         hex-encoded in ``Flotilla-Message``), ``payload`` the state machine's bytes."""
-        headers = {"Flotilla-Message": header.hex(), **options.pop("headers", {})}
+        headers = {**(self.identity(header) if identify else {}),
+                   "Flotilla-Message": header.hex(), **options.pop("headers", {})}
         return self.post("/raft/v1/snapshot", payload, headers=headers, **options)
 
     # -- the stream -----------------------------------------------------------------------
@@ -246,8 +281,8 @@ class Forger:
             "GET /raft/v1/stream HTTP/1.1", f"Host: {self.host}:{self.port}",
             "Upgrade: websocket", "Connection: Upgrade", f"Sec-WebSocket-Key: {key}",
             "Sec-WebSocket-Version: 13",
-            f"Flotilla-Cluster-Id: {self.cluster_id if cluster_id is None else cluster_id}",
-            f"Flotilla-Sender: {sender}",
+            f"{CLUSTER_HEADER}: {self.cluster_id if cluster_id is None else cluster_id}",
+            f"{SENDER_HEADER}: {sender}",
         ]
         head += [f"{k}: {v}" for k, v in (headers or {}).items()]
         try:
