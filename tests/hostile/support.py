@@ -16,11 +16,13 @@ findings are its own.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import re
 import socketserver
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -295,15 +297,80 @@ def _size(path: Path) -> int:
         return 0
 
 
-def writes(keeper: Keeper, name: str, prefix: str, count: int) -> list[tuple[str, bytes, Any]]:
-    """``count`` writes sent to ``name`` one after the other: (key, value, answer) each, the
-    answer being the Response or why there was none."""
+@dataclass(frozen=True)
+class Write:
+    key: str
+    value: bytes
+    answer: Response | str  # or why there was none
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return isinstance(self.answer, Response) and self.answer.status == 200
+
+
+def writes(keeper: Keeper, name: str, prefix: str, count: int) -> list[Write]:
+    """``count`` writes sent to ``name`` one after the other."""
     done = []
     with keeper.client(name, timeout=3.0) as c:
         for i in range(count):
-            key, value = f"{prefix}/{i}", f"{prefix} {i} {time.monotonic():.3f}".encode()
-            done.append((key, value, _write(c, key, value)))
+            done.append(_timed_write(c, f"{prefix}/{i}"))
     return done
+
+
+def _timed_write(client: KVClient, key: str) -> Write:
+    value = f"{key} at {time.monotonic():.3f}".encode()
+    start = time.monotonic()
+    answer = _write(client, key, value)
+    return Write(key, value, answer, time.monotonic() - start)
+
+
+@contextlib.contextmanager
+def writing(keeper: Keeper, name: str, prefix: str, *, every: float = 0.05,
+            timeout: float = 10.0) -> Iterator[list[Write]]:
+    """Write to ``name`` every ``every`` seconds while the block runs (the list fills as the
+    answers come)."""
+    done: list[Write] = []
+    stop = threading.Event()
+
+    def run() -> None:
+        with keeper.client(name, timeout=timeout) as c:
+            for i in itertools.count():
+                if stop.is_set():
+                    return
+                done.append(_timed_write(c, f"{prefix}/{i}"))
+                stop.wait(every)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    time.sleep(0.2)
+    try:
+        yield done
+    finally:
+        time.sleep(0.3)
+        stop.set()
+        thread.join(timeout + 5)
+
+
+def unread(keeper: Keeper, name: str, done: Iterable[Write]) -> list[str]:
+    """The acknowledged writes that a linearizable read from ``name`` does not return."""
+    missing = []
+    with keeper.client(name) as c:
+        for w in done:
+            if w.ok:
+                try:
+                    got = c.get(w.key)
+                except TRANSPORT_ERRORS as exc:
+                    missing.append(f"{w.key}: no answer ({type(exc).__name__})")
+                    continue
+                if got.status != 200 or got.body != w.value:
+                    missing.append(f"{w.key}: {brief(got)}")
+    return missing
+
+
+def failed(done: Iterable[Write]) -> list[str]:
+    """The writes that were not answered 200, and what they got."""
+    return [f"{w.key}: {brief(w.answer)}" for w in done if not w.ok]
 
 
 def brief(answer: Any) -> str:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from tests.harness.forger import MessageType, message
-from tests.hostile.support import Findings, in_name_of
+from tests.hostile.support import Findings, followers, in_name_of
 
 HEAD_S = 15.0
 BODY_S = 20.0
@@ -45,15 +45,16 @@ class Slow:
     first: tuple[str, str, bytes, dict[str, str]] | None = None
 
 
-def slow_connections(cluster, client_name: str, peer_name: str) -> list[tuple[Slow, str]]:
-    """Each kind of stopped connection, with the URL it goes to."""
-    client_url = cluster.nodes[client_name].url
-    peer_url = cluster.peer_url(peer_name)
-    harmless = in_name_of(cluster, client_name, [message(MessageType.HEARTBEAT_RESP, peer_name,
-                                                      client_name, 0)])
-    peer_head = (f"POST /raft/v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n"
-                 f"Flotilla-Cluster-Id: {cluster.cluster_id}\r\n"
-                 f"Flotilla-Sender: {client_name}\r\n\r\n").encode()
+def slow_connections(cluster, target: str, sender: str) -> list[tuple[Slow, str]]:
+    """Each kind of stopped connection to ``target``, with the URL it goes to; on the peer
+    port, requests come with the headers of ``sender``, another member."""
+    client_url = cluster.nodes[target].url
+    peer_url = cluster.peer_url(target)
+    harmless = in_name_of(cluster, sender, [message(MessageType.HEARTBEAT_RESP, target, sender,
+                                                    0)])
+    identity = {"Flotilla-Cluster-Id": cluster.cluster_id, "Flotilla-Sender": sender}
+    peer_head = ("POST /raft/v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n"
+                 + "".join(f"{k}: {v}\r\n" for k, v in identity.items()) + "\r\n").encode()
     cases = [
         (Slow("client", "a request line cut short", HEAD_S, b"GET /v1/sta"), client_url),
         (Slow("client", "headers cut short", HEAD_S,
@@ -69,9 +70,7 @@ def slow_connections(cluster, client_name: str, peer_name: str) -> list[tuple[Sl
               b"POST /raft/v1/messages HTTP/1.1\r\nHost: x\r\nContent-Le"), peer_url),
         (Slow("peer", "a body cut short", BODY_S, peer_head + harmless[:10]), peer_url),
         (Slow("peer", "an idle keep-alive connection", IDLE_S,
-              first=("POST", "/raft/v1/messages", harmless,
-                     {"Flotilla-Cluster-Id": cluster.cluster_id,
-                      "Flotilla-Sender": client_name})), peer_url),
+              first=("POST", "/raft/v1/messages", harmless, identity)), peer_url),
         (Slow("peer", "a connection that never sends a byte", IDLE_S), peer_url),
     ]
     return cases
@@ -109,7 +108,7 @@ def held_for(slow: Slow, url: str) -> float | None:
 def test_stopped_and_idle_connections_are_closed_on_both_ports(cluster, keeper):
     findings = Findings()
     leader = cluster.wait_leader(10)
-    cases = slow_connections(cluster, leader, leader)
+    cases = slow_connections(cluster, leader, followers(cluster, leader)[0])
     with ThreadPoolExecutor(len(cases)) as pool:
         held = list(pool.map(lambda case: held_for(*case), cases))
     for (slow, url), seconds in zip(cases, held, strict=True):
