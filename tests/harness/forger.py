@@ -17,13 +17,13 @@ member, an advertised URL pointing anywhere. ``message()`` returns one message a
 way (a client library's size limit, its retry, its wait for the whole upload) hides what the
 member does:
 
-* ``post_messages(batch)``: ``POST /raft/v1/messages`` with the headers a member sends
-  (``Flotilla-Cluster-Id`` with the forger's id and ``Flotilla-Sender`` naming the batch's
-  sender), unless told otherwise.
 * ``post(path, body)``: one HTTP/1.1 request. The body goes out in chunks while the socket is
   watched for an early answer, so a member that refuses before reading the body is seen doing
   so (``Answer.body_sent`` says how much it had been sent); ``send_at_most`` stops the upload
   part way and waits for an answer to what was sent.
+* ``post_messages(batch)``: ``POST /raft/v1/messages`` with the headers a member sends
+  (``Flotilla-Cluster-Id`` with the forger's id and ``Flotilla-Sender`` naming the batch's
+  sender), unless told otherwise.
 * ``stream(sender)``: the WebSocket of ``GET /raft/v1/stream`` (RFC 6455 by hand), one binary
   frame per batch; ``PeerStream.closed_within`` tells whether and how the member closed it.
 * ``post_snapshot(header, payload)``: the snapshot route, its header batch in
@@ -51,6 +51,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import msgpack
+from flotilla.node.consensus import MessageType  # packed as the integer the wire carries
 
 __all__ = [
     "MAX_U64",
@@ -76,29 +77,12 @@ CLUSTER_HEADER = "Flotilla-Cluster-Id"
 SENDER_HEADER = "Flotilla-Sender"
 
 
-class MessageType:
-    """The message types of ``flotilla.node.consensus.MessageType``, as the integers the wire
-    carries (kept here so a forged message can also carry a type that does not exist)."""
-
-    VOTE = 0
-    VOTE_RESP = 1
-    PREVOTE = 2
-    PREVOTE_RESP = 3
-    APPEND = 4
-    APPEND_RESP = 5
-    HEARTBEAT = 6
-    HEARTBEAT_RESP = 7
-    SNAPSHOT = 8
-    TIMEOUT_NOW = 9
-    READ_INDEX = 10
-    READ_INDEX_RESP = 11
-
-
 def message(kind: int, to: str, frm: str, term: int, *, log_term: int = 0, index: int = 0,
             entries: Sequence[Sequence[Any]] = (), commit: int = 0, reject: bool = False,
             hint_index: int = 0, hint_term: int = 0, snapshot: Sequence[Any] | None = None,
             context: Any = None, force: bool = False) -> list[Any]:
-    """One message as the 14-field array of the wire, whatever the values."""
+    """One message as the 14-field array of the wire, whatever the values (``kind`` is a
+    ``MessageType`` or any integer)."""
     return [kind, to, frm, term, log_term, index, [list(e) for e in entries], commit, reject,
             hint_index, hint_term, None if snapshot is None else list(snapshot), context,
             force]
