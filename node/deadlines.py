@@ -21,6 +21,9 @@ from aiohttp.web_protocol import RequestHandler
 HEADER_TIMEOUT = 10.0
 IDLE_TIMEOUT = 30.0
 BODY_TIMEOUT = 15.0
+# After answering a request whose body was not read whole, the rest is read (and dropped) for
+# at most this long before the connection closes, so the client sees the answer.
+LINGER = 2.0
 
 
 class BodyTimeout(Exception):
@@ -71,7 +74,8 @@ class DeadlineSite(web.TCPSite):
         assert server is not None
 
         def handler() -> RequestHandler:
-            kwargs = {"keepalive_timeout": IDLE_TIMEOUT, **server._kwargs}
+            kwargs = {"keepalive_timeout": IDLE_TIMEOUT, "lingering_time": LINGER,
+                      **server._kwargs}
             return _DeadlineHandler(server, loop=loop, **kwargs)
 
         self._server = await loop.create_server(
