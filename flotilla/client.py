@@ -53,6 +53,7 @@ __all__ = [
     "NotFound",
     "PreconditionFailed",
     "PutResult",
+    "TLSFailure",
     "TooLarge",
     "Unauthorized",
     "Unavailable",
@@ -135,6 +136,16 @@ class Unreachable(Unavailable):
     """Every endpoint refused the connection during one call: no process listens at any of
     them (``Client(stop_when_refused=True)`` only). Waiting would not help, unlike a
     missing leader: an election ends by itself, a stopped member does not start by itself."""
+
+
+class TLSFailure(FlotillaError):
+    """A connection that cannot work as configured, so it is not retried (no answer arrived):
+    ``code`` says why. ``untrusted_certificate``: the member's certificate is not signed by a
+    CA the client trusts (``ca_file``), has expired, or does not name the host dialled.
+    ``client_certificate``: the member (run with ``--client-cert-auth``) wants a client
+    certificate signed by its CA (``cert_file``, ``key_file``). ``not_tls``: an ``https://``
+    endpoint where the member speaks plain HTTP. ``tls_required``: an ``http://`` endpoint
+    where the member speaks TLS."""
 
 
 _BY_STATUS: dict[int, type[FlotillaError]] = {
@@ -243,6 +254,60 @@ class _NoDelayTLSConnection(http.client.HTTPSConnection):
     def connect(self) -> None:
         super().connect()
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+#: OpenSSL's reasons for a member refusing this client's certificate, or the lack of one.
+_CLIENT_CERT_REFUSED = frozenset({
+    "TLSV13_ALERT_CERTIFICATE_REQUIRED", "TLSV1_ALERT_UNKNOWN_CA", "SSLV3_ALERT_BAD_CERTIFICATE",
+    "SSLV3_ALERT_CERTIFICATE_UNKNOWN", "SSLV3_ALERT_CERTIFICATE_EXPIRED",
+    "TLSV1_ALERT_ACCESS_DENIED", "SSLV3_ALERT_UNSUPPORTED_CERTIFICATE",
+})
+#: How a TLS 1.2 handshake without a client certificate ends at a server that wants one.
+_NO_CLIENT_CERT = _CLIENT_CERT_REFUSED | {"eof", "SSLV3_ALERT_HANDSHAKE_FAILURE"}
+#: OpenSSL's reasons for a server that answered a TLS client hello with something else.
+_NOT_TLS = frozenset({"WRONG_VERSION_NUMBER", "PACKET_LENGTH_TOO_LONG", "RECORD_LAYER_FAILURE",
+                      "HTTP_REQUEST", "UNKNOWN_PROTOCOL"})
+
+
+def _tls_failure(url: str, exc: ssl.SSLError) -> TLSFailure | None:
+    """What a TLS error on ``url`` means, when retrying cannot change it (else None)."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        why = exc.verify_message or exc.reason or str(exc)
+        return TLSFailure(f"{url}'s certificate is not trusted ({why}): give the CA that "
+                          "signed the members' certificates", code="untrusted_certificate")
+    if exc.reason in _CLIENT_CERT_REFUSED:
+        return TLSFailure(f"{url} wants a client certificate signed by its CA ({exc.reason}):"
+                          " this client showed none, or one it does not trust",
+                          code="client_certificate")
+    if exc.reason in _NOT_TLS:
+        plain = "http://" + url.partition("://")[2]
+        return TLSFailure(f"{url} does not speak TLS ({exc.reason}): use {plain}",
+                          code="not_tls")
+    return None
+
+
+def _handshake(host: str, port: int, timeout: float, *, tls12: bool = False) -> str:
+    """How a TLS handshake without a client certificate (and without checking who answers:
+    this only explains a failure) ends at host:port: ``ok``; ``eof`` (the server closed the
+    connection during the handshake); OpenSSL's reason for an alert the server sent
+    (``..._ALERT_...``: a TLS server said no); ``not_tls``; or ``no_answer``. ``tls12`` caps
+    the version at TLS 1.2, where a server checks a client's certificate before the handshake
+    ends."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    if tls12:
+        ctx.maximum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock, \
+                ctx.wrap_socket(sock, server_hostname=host):
+            return "ok"
+    except (ssl.SSLEOFError, ConnectionResetError):
+        return "eof"
+    except ssl.SSLError as exc:
+        return exc.reason if "_ALERT_" in (exc.reason or "") else "not_tls"
+    except OSError:
+        return "no_answer"
 
 
 def tls_context(ca_file: str | None = None, cert_file: str | None = None,
@@ -650,10 +715,37 @@ class Client:
         reused = url in self._used and url in self._conns
         try:
             return self._exchange_once(url, method, target, body, headers, timeout)
-        except _STALE_CONNECTION:
+        except _STALE_CONNECTION as exc:
+            if not reused:
+                self._explain_closed(url, exc, timeout)
             if not (reused and resendable):
                 raise
+        try:
             return self._exchange_once(url, method, target, body, headers, timeout)
+        except _STALE_CONNECTION as exc:
+            self._explain_closed(url, exc, timeout)
+            raise
+
+    @staticmethod
+    def _explain_closed(url: str, exc: BaseException, timeout: float) -> None:
+        """A fresh connection closed without an answer. Raise TLSFailure, rather than retry
+        what can never work, when a TLS server listens behind an http:// URL, or when the
+        member behind an https:// URL wants a client certificate (it closes a connection
+        whose certificate it does not trust, or that has none, right after the handshake)."""
+        parts = urlsplit(url)
+        if not (parts.hostname and parts.port):
+            return
+        probe = min(1.0, timeout)
+        if parts.scheme == "http":
+            ended = _handshake(parts.hostname, parts.port, probe)
+            if ended == "ok" or "_ALERT_" in ended:
+                raise TLSFailure(f"{url} speaks TLS and closed a plain HTTP request: use "
+                                 f"https://{parts.netloc}", code="tls_required") from exc
+        elif _handshake(parts.hostname, parts.port, probe, tls12=True) in _NO_CLIENT_CERT:
+            raise TLSFailure(f"{url} wants a client certificate signed by its CA (it runs "
+                             "with --client-cert-auth) and closed the connection: this client "
+                             "showed none, or one it does not trust",
+                             code="client_certificate") from exc
 
     def _exchange_once(self, url: str, method: str, target: str, body: bytes | None,
                        headers: Mapping[str, str], timeout: float) -> _Answer:
@@ -676,6 +768,12 @@ class Client:
             conn.request(method, target, body=body, headers=dict(headers))
             response = conn.getresponse()
             data = response.read()
+        except ssl.SSLError as exc:
+            self._drop(url)
+            failure = _tls_failure(url, exc)
+            if failure is not None:
+                raise failure from exc
+            raise
         except BaseException:
             self._drop(url)
             raise

@@ -13,6 +13,7 @@ from flotilla.client import (
     Client,
     FlotillaError,
     NotFound,
+    TLSFailure,
     Unavailable,
     Unreachable,
     key_path,
@@ -181,3 +182,13 @@ def test_endpoints_are_normalised_and_checked():
             Client(wrong)
     with pytest.raises(ValueError):
         key_path("")
+
+
+def test_an_https_endpoint_where_plain_http_listens_fails_at_once(stub):
+    url = stub.url.replace("http://", "https://")
+    began = time.monotonic()
+    with Client(url, timeout=5) as c, pytest.raises(TLSFailure) as failed:
+        c.get("k")
+    assert time.monotonic() - began < 2  # not retried until the timeout
+    assert failed.value.code == "not_tls" and f"use {stub.url}" in str(failed.value)
+    assert stub.requests == []
