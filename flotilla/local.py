@@ -8,6 +8,9 @@ What ``flotilla up/status/down`` and the demo stand on. A cluster directory hold
     DIR/n1/            n1's data dir (log, hard state, snapshots)
     DIR/n1.log         n1's output, appended across restarts with a marker line per start
     DIR/archive/       the default archive (``file://DIR/archive``)
+    DIR/admin-token    the admin token (0600) members get through their environment
+    DIR/tls/           with ``up --tls`` (0700): the cluster's CA (``ca.crt``, ``ca.key``) and
+                       every member's certificate and key (``n1.crt``, ``n1.key``), all 0600
 
 Members run detached (their own session), so they outlive the command that started them; the
 state file is how a later command finds them again. A pid is only believed while
@@ -39,8 +42,10 @@ from flotilla.client import Client, FlotillaError
 from flotilla.progress import Bar, read_restore_progress
 
 __all__ = [
+    "CA_CERT",
     "DEFAULT_DIR",
     "STATE_FILE",
+    "TLS_DIR",
     "TOKEN_FILE",
     "AlreadyRunning",
     "BadOption",
@@ -51,10 +56,14 @@ __all__ = [
     "OutsideArchive",
     "RestoreTarget",
     "archive_url",
+    "ca_file",
     "default_archive_url",
+    "forget_member_certificate",
+    "issue_member_certificate",
     "locked",
     "node_accepts_flag",
     "read_token",
+    "tls_args",
     "up",
 ]
 
@@ -63,6 +72,9 @@ STATE_FILE = "cluster.json"
 #: The admin token `up` generates for a new cluster, mode 0600; members get it through their
 #: environment (never on a command line or in the state file) and every command sends it.
 TOKEN_FILE = "admin-token"
+#: `up --tls`: the cluster's own CA and one certificate per member, under DIR/tls/.
+TLS_DIR = "tls"
+CA_CERT, CA_KEY = "ca.crt", "ca.key"
 STATE_VERSION = 1
 HOST = "127.0.0.1"
 NODE_MODULE = "flotilla.node"
@@ -127,14 +139,19 @@ class Member:
     # `--initial-cluster-state` is `existing` (see LocalCluster.mark_bootstrapped).
     args: list[str]
     pid: int | None = None
+    tls: bool = False  # TLS on both ports (`up --tls`): its URLs are https://
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls else "http"
 
     @property
     def client_url(self) -> str:
-        return f"http://{HOST}:{self.client_port}"
+        return f"{self.scheme}://{HOST}:{self.client_port}"
 
     @property
     def peer_url(self) -> str:
-        return f"http://{HOST}:{self.peer_port}"
+        return f"{self.scheme}://{HOST}:{self.peer_port}"
 
 
 @dataclass
@@ -152,6 +169,8 @@ class ClusterState:
     # The membership planner's record (flotilla.operator.planner.Record as JSON): member
     # uids, removed uids, catch-up clocks. Written by `flotilla scale`.
     record: dict[str, Any] = field(default_factory=dict)
+    # `up --tls`: every member speaks TLS on both ports with a certificate from DIR/tls/.
+    tls: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -217,6 +236,71 @@ def _write_token(root: Path) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(secrets.token_urlsafe(32) + "\n")
+
+
+# --- TLS (`up --tls`) ------------------------------------------------------------------------
+
+
+def ca_file(root: Path | str) -> Path:
+    """The CA certificate of a TLS local cluster in ``root``: what clients verify members
+    against (``--cacert``)."""
+    return Path(root).resolve() / TLS_DIR / CA_CERT
+
+
+def _tls_dir(root: Path) -> Path:
+    path = root / TLS_DIR
+    path.mkdir(mode=0o700, exist_ok=True)
+    os.chmod(path, 0o700)  # mkdir's mode goes through the umask; an old dir keeps its own
+    return path
+
+
+def _make_ca(root: Path, cluster_id: str) -> None:
+    """The cluster's own CA, DIR/tls/ca.crt and ca.key (0600): it signs every member's
+    certificate, now and when `flotilla scale` adds members."""
+    from flotilla.node.tls import make_ca
+
+    tls_dir = _tls_dir(root)
+    make_ca(f"flotilla local CA {cluster_id}").write(tls_dir / CA_CERT, tls_dir / CA_KEY)
+
+
+def issue_member_certificate(root: Path | str, name: str) -> tuple[Path, Path]:
+    """Sign ``name``'s certificate with the cluster's CA into DIR/tls/NAME.crt and NAME.key
+    (0600), replacing any older one. It names the member (CN and a DNS SAN ``name``: what its
+    peers check) and the loopback host it listens on (IP SAN 127.0.0.1, DNS SAN localhost:
+    what clients and peers dial). Returns (certificate, key)."""
+    from flotilla.node.tls import Issued, issue
+
+    tls_dir = _tls_dir(Path(root))
+    try:
+        ca = Issued((tls_dir / CA_CERT).read_bytes(), (tls_dir / CA_KEY).read_bytes())
+        issued = issue(ca, name, [HOST, "localhost"])
+    except FileNotFoundError as exc:
+        raise LocalClusterError(f"cannot issue a certificate for {name}: {exc.filename} is "
+                                "missing (the cluster's CA, made by `flotilla up --tls`)"
+                                ) from None
+    except (ValueError, TypeError) as exc:
+        raise LocalClusterError(f"cannot issue a certificate for {name}: {tls_dir / CA_CERT} "
+                                f"and {tls_dir / CA_KEY} are not a PEM CA certificate and its "
+                                f"key ({exc})") from None
+    cert, key = tls_dir / f"{name}.crt", tls_dir / f"{name}.key"
+    issued.write(cert, key)
+    return cert, key
+
+
+def forget_member_certificate(root: Path | str, name: str) -> None:
+    """Delete a removed member's certificate and key."""
+    for suffix in (".crt", ".key"):
+        (Path(root) / TLS_DIR / f"{name}{suffix}").unlink(missing_ok=True)
+
+
+def tls_args(root: Path | str, name: str) -> list[str]:
+    """The node flags of a TLS member: its certificate on the client port, and on the peer port
+    with mutual TLS against the cluster's CA (the peers' certificates must name them)."""
+    tls_dir = Path(root) / TLS_DIR
+    cert, key = str(tls_dir / f"{name}.crt"), str(tls_dir / f"{name}.key")
+    return ["--cert-file", cert, "--key-file", key,
+            "--peer-cert-file", cert, "--peer-key-file", key,
+            "--peer-trusted-ca-file", str(tls_dir / CA_CERT)]
 
 
 def _proc_state(pid: int) -> str | None:
@@ -354,11 +438,13 @@ class LocalCluster:
         restore_index: int | None = None,
         restore_time: int | None = None,
         restore_cluster_id: str | None = None,
+        tls: bool = False,
     ) -> LocalCluster:
         """Write the state file of a new cluster (nothing is started). ``archive`` None means
         the default archive under ``root``; ``base_port`` pins ports (peers at base+i, clients
         at base+10+i) instead of picking free ones. ``restore_time`` is in ms since the
-        epoch."""
+        epoch. ``tls`` makes the cluster's CA and every member's certificate under DIR/tls/
+        and runs the members with TLS on both ports."""
         if not 1 <= replicas <= (10 if base_port else 99):
             raise LocalClusterError(f"--replicas must be between 1 and "
                                     f"{10 if base_port else 99}, not {replicas}")
@@ -367,6 +453,9 @@ class LocalCluster:
             archive = archive_url(archive)
         if restore_from is not None:
             restore_from = archive_url(restore_from, "--restore-from")
+        if tls and not node_accepts_flag("--peer-cert-file"):
+            raise BadOption("--tls: this flotilla node has no TLS flags (--cert-file, "
+                            "--peer-cert-file)")
         root.mkdir(parents=True, exist_ok=True)
         names = [f"n{i + 1}" for i in range(replicas)]
         if base_port:
@@ -384,8 +473,11 @@ class LocalCluster:
             notes.append(f"this flotilla node has no --archive flag yet: {archive} is recorded "
                          "here and will be passed once it has")
         cluster_id = cluster_id or f"local-{uuid.uuid4().hex[:8]}"
-        initial = ",".join(f"{n}=http://{HOST}:{p}" for n, p in zip(names, peer_ports,
-                                                                     strict=True))
+        scheme = "https" if tls else "http"
+        initial = ",".join(f"{n}={scheme}://{HOST}:{p}" for n, p in zip(names, peer_ports,
+                                                                         strict=True))
+        if tls:
+            _make_ca(root, cluster_id)
         members = []
         for name, peer, client in zip(names, peer_ports, client_ports, strict=True):
             data_dir = str(root / name)
@@ -402,6 +494,9 @@ class LocalCluster:
             ]
             if archive_passed:
                 args += ["--archive", archive]
+            if tls:
+                issue_member_certificate(root, name)
+                args += tls_args(root, name)
             if restore_from:  # only read on the first start, when the data dir is empty
                 args += ["--restore-from", restore_from]
                 if restore_cluster_id is not None:
@@ -413,11 +508,12 @@ class LocalCluster:
 
                     args += ["--restore-time", format_ms(restore_time)]
             members.append(Member(name, peer, client, data_dir, str(root / f"{name}.log"),
-                                  args))
+                                  args, tls=tls))
         state = ClusterState(
             cluster_id=cluster_id, election_timeout_ms=election_timeout_ms,
             heartbeat_ms=heartbeat_ms, archive=archive, archive_passed=archive_passed,
-            members=members, created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), notes=notes)
+            members=members, created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), notes=notes,
+            tls=tls)
         if node_accepts_flag("--admin-token"):
             _write_token(root)
         cluster = cls(root, state)
@@ -579,15 +675,21 @@ class LocalCluster:
     def token(self) -> str | None:
         return read_token(self.root)
 
-    def client(self, **options: Any) -> Client:
-        """A client for every member's endpoint, with the admin token (options as for
-        ``Client``)."""
-        return Client(self.endpoints, **{"token": self.token, **options})
+    @property
+    def ca_file(self) -> str | None:
+        """The CA that signed the members' certificates (DIR/tls/ca.crt), for a TLS cluster."""
+        return str(ca_file(self.root)) if self.state.tls else None
+
+    def client(self, endpoints: Iterable[str] | str | None = None, **options: Any) -> Client:
+        """A client for ``endpoints`` (default: every member's), with the admin token and, for
+        a TLS cluster, the cluster's CA (options as for ``Client``)."""
+        return Client(self.endpoints if endpoints is None else endpoints,
+                      **{"token": self.token, "ca_file": self.ca_file, **options})
 
     def member_status(self, name: str, timeout: float = 1.0) -> dict[str, Any] | None:
         """``name``'s own ``/v1/status``, or None when it does not answer."""
         try:
-            with Client(self.url(name), timeout=timeout, retries=0) as c:
+            with self.client(self.url(name), timeout=timeout, retries=0) as c:
                 return c.status(self.url(name))
         except (FlotillaError, ValueError):
             return None
@@ -721,9 +823,11 @@ def up(
     restore_index: int | None = None,
     restore_time: int | None = None,
     restore_cluster_id: str | None = None,
+    tls: bool = False,
 ) -> tuple[LocalCluster, str]:
     """Start the cluster in ``root`` (a new one, or the stopped one recorded there) and return
-    it with its leader's name once a leader serves a linearizable read.
+    it with its leader's name once a leader serves a linearizable read. A new cluster with
+    ``tls`` gets its own CA and member certificates under DIR/tls/ and TLS on both ports.
 
     Raises ``AlreadyRunning`` when members recorded in ``root`` are alive. A stopped cluster is
     resumed exactly as it was first started; options that differ are reported through ``say``.
@@ -747,14 +851,15 @@ def up(
                    heartbeat_ms=heartbeat_ms, archive=archive, base_port=base_port,
                    timeout=timeout, say=say, restore_from=restore_from,
                    restore_index=restore_index, restore_time=restore_time,
-                   restore_cluster_id=restore_cluster_id)
+                   restore_cluster_id=restore_cluster_id, tls=tls)
 
 
 def _up(root: Path, replicas: int, *, election_timeout_ms: int, heartbeat_ms: int,
         archive: str | None, base_port: int | None, timeout: float,
         say: Callable[[str], None], restore_from: str | None = None,
         restore_index: int | None = None, restore_time: int | None = None,
-        restore_cluster_id: str | None = None) -> tuple[LocalCluster, str]:
+        restore_cluster_id: str | None = None,
+        tls: bool = False) -> tuple[LocalCluster, str]:
     if LocalCluster.exists(root):
         cluster = LocalCluster.load(root)
         running = cluster.alive()
@@ -763,7 +868,7 @@ def _up(root: Path, replicas: int, *, election_timeout_ms: int, heartbeat_ms: in
                 f"a cluster is already running in {root} (members "
                 f"{', '.join(f'{n} pid {cluster.member(n).pid}' for n in running)}); "
                 f"`flotilla status --dir {root}` shows it, `flotilla down --dir {root}` stops it")
-        _resume_notes(cluster, replicas, election_timeout_ms, heartbeat_ms, archive, say)
+        _resume_notes(cluster, replicas, election_timeout_ms, heartbeat_ms, archive, tls, say)
         down = [n for n in cluster.names if n not in running]
         if running:
             say(f"{', '.join(running)} running; starting {', '.join(down)}")
@@ -784,7 +889,7 @@ def _up(root: Path, replicas: int, *, election_timeout_ms: int, heartbeat_ms: in
                                       heartbeat_ms=heartbeat_ms, archive=archive,
                                       base_port=base_port, restore_from=restore_from,
                                       restore_index=restore_index, restore_time=restore_time,
-                                      restore_cluster_id=restore_cluster_id)
+                                      restore_cluster_id=restore_cluster_id, tls=tls)
         cluster.restored = target
         try:
             cluster.start()
@@ -847,7 +952,8 @@ def _show_restore(cluster: LocalCluster, bar: Bar) -> Callable[[], None]:
 
 
 def _resume_notes(cluster: LocalCluster, replicas: int, election_timeout_ms: int,
-                  heartbeat_ms: int, archive: str | None, say: Callable[[str], None]) -> None:
+                  heartbeat_ms: int, archive: str | None, tls: bool,
+                  say: Callable[[str], None]) -> None:
     """Say which options of this `up` a stopped cluster does not take: it resumes exactly as
     it first ran, and says how to start over instead."""
     root, state = cluster.root, cluster.state
@@ -861,6 +967,9 @@ def _resume_notes(cluster: LocalCluster, replicas: int, election_timeout_ms: int
             f"{state.election_timeout_ms} --heartbeat-ms {state.heartbeat_ms}); {anew}")
     if archive is not None and archive != state.archive:
         say(f"note: resuming with the original archive {state.archive}; {anew}")
+    if tls and not state.tls:
+        say(f"note: {root} holds a cluster started without TLS; resuming it as it was "
+            f"(plain http://); {anew}")
 
 
 def _forget(cluster: LocalCluster) -> None:
@@ -870,3 +979,4 @@ def _forget(cluster: LocalCluster) -> None:
         shutil.rmtree(m.data_dir, ignore_errors=True)
     LocalCluster.state_path(cluster.root).unlink(missing_ok=True)
     (cluster.root / TOKEN_FILE).unlink(missing_ok=True)
+    shutil.rmtree(cluster.root / TLS_DIR, ignore_errors=True)

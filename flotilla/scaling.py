@@ -18,7 +18,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 from flotilla.client import FlotillaError
-from flotilla.local import HOST, LocalCluster, LocalClusterError, Member, free_ports, locked
+from flotilla.local import (
+    HOST,
+    LocalCluster,
+    LocalClusterError,
+    Member,
+    forget_member_certificate,
+    free_ports,
+    issue_member_certificate,
+    locked,
+    tls_args,
+)
 from flotilla.operator.members import ADMIN_TIMEOUT, MEMBERSHIP_STEPS, call
 from flotilla.operator.planner import Action, Observed, Plan, Record, Slot, Step, plan
 from flotilla.progress import Bar
@@ -143,9 +153,12 @@ class _Scaler:
         cluster = self.cluster
         members = cluster.state.members
         if size < len(members):
-            cluster.stop(timeout=10, names=[m.name for m in members[size:]])
+            leaving = [m.name for m in members[size:]]
+            cluster.stop(timeout=10, names=leaving)
             cluster.state.members = members[:size]
             cluster.save()
+            for name in leaving:  # a slot that comes back gets a new certificate
+                forget_member_certificate(cluster.root, name)
             return
         new = [slot_name(i) for i in range(len(members), size)]
         ports = free_ports(2 * len(new))
@@ -156,7 +169,8 @@ class _Scaler:
 
 
 def _joining_member(cluster: LocalCluster, name: str, peer: int, client: int) -> Member:
-    """A member for a new slot: it starts empty in `existing` mode and waits to be added."""
+    """A member for a new slot: it starts empty in `existing` mode and waits to be added. In a
+    TLS cluster, the cluster's CA issues its certificate first."""
     state = cluster.state
     data_dir = str(cluster.root / name)
     args = [
@@ -171,7 +185,11 @@ def _joining_member(cluster: LocalCluster, name: str, peer: int, client: int) ->
     ]
     if state.archive_passed and state.archive:
         args += ["--archive", state.archive]
-    return Member(name, peer, client, data_dir, str(cluster.root / f"{name}.log"), args)
+    if state.tls:
+        issue_member_certificate(cluster.root, name)
+        args += tls_args(cluster.root, name)
+    return Member(name, peer, client, data_dir, str(cluster.root / f"{name}.log"), args,
+                  tls=state.tls)
 
 
 def _show_catch_up(result: Plan, bar: Bar) -> None:
