@@ -29,8 +29,10 @@ EPILOG = """\
 Finding the cluster: up, down and scale work on the local cluster in --dir; status, kv,
 member, leader and snapshot take --dir or --endpoints URL,URL. Without either flag they use
 FLOTILLA_ENDPOINTS, else FLOTILLA_DIR, else ./.flotilla. Admin calls send --token (else
-FLOTILLA_TOKEN, else DIR/admin-token when that file exists). A flag always beats the
-environment.
+FLOTILLA_TOKEN, else DIR/admin-token when that file exists). https:// members are verified
+against --cacert (else FLOTILLA_CACERT, else DIR/tls/ca.crt for a cluster of `up --tls`, else
+the system's CAs); --cert and --key (FLOTILLA_CERT, FLOTILLA_KEY) are the client certificate
+for members run with --client-cert-auth. A flag always beats the environment.
 
 Output: status, kv ls and member list take -o json|yaml|table (status --json = -o json).
 Shell completion: source <(flotilla completion bash), or zsh.
@@ -174,6 +176,15 @@ def _add_find(p: argparse.ArgumentParser, timeout: float = 5.0) -> None:
                         "else DIR/admin-token when it exists)")
     p.add_argument("--timeout", type=_seconds, default=timeout,
                    help=f"seconds a request may take, retries included (default {timeout:g})")
+    p.add_argument("--cacert", dest="cacert_file", default=None, metavar="FILE",
+                   help="verify https:// members against this CA (PEM) (default: "
+                        "FLOTILLA_CACERT, else DIR/tls/ca.crt for a cluster of `up --tls`, "
+                        "else the system's CAs)")
+    p.add_argument("--cert", dest="cert_file", default=None, metavar="FILE",
+                   help="client certificate (PEM) for members run with --client-cert-auth "
+                        "(default: FLOTILLA_CERT)")
+    p.add_argument("--key", dest="key_file", default=None, metavar="FILE",
+                   help="the private key (PEM) of --cert (default: FLOTILLA_KEY)")
 
 
 def _add_output(p: argparse.ArgumentParser, choices: Sequence[str], default: str) -> None:
@@ -225,6 +236,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--base-port", type=_base_port, default=None,
                    help="fixed ports: peers at BASE+i, clients at BASE+10+i (default: free "
                         "ports)")
+    p.add_argument("--tls", action="store_true",
+                   help="TLS on both ports: a CA and one certificate per member under "
+                        "DIR/tls/, https:// URLs, mutual TLS between members (a new cluster "
+                        "only)")
     p.add_argument("--timeout", type=_seconds, default=60.0,
                    help="seconds to wait for a leader to serve (default 60)")
     p.set_defaults(run=cmd_up)
@@ -453,14 +468,27 @@ def _fail(args: argparse.Namespace, message: str) -> None:
 
 def _explain(args: argparse.Namespace, exc: Exception) -> str:
     """The error's sentence, and what to do about it when that is ours to know."""
-    from flotilla.client import Unauthorized, Unreachable
+    from flotilla.client import TLSFailure, Unauthorized, Unreachable
 
     text = str(exc)
     if isinstance(exc, Unreachable) and not getattr(args, "endpoints", None):
         text += f"; is the cluster stopped? `flotilla up --dir {args.dir}` starts it again"
     elif isinstance(exc, Unauthorized):
         text += "; give the admin token with --token or FLOTILLA_TOKEN"
+    elif isinstance(exc, TLSFailure):
+        text += _TLS_ADVICE.get(exc.code, "")
     return text
+
+
+#: What a TLS failure asks of the command's user, after the client's own sentence.
+_TLS_ADVICE = {
+    "untrusted_certificate": " with --cacert FILE (or FLOTILLA_CACERT); a cluster of "
+                             "`flotilla up --tls` keeps it in DIR/tls/ca.crt",
+    "client_certificate": "; give one with --cert FILE --key FILE (or FLOTILLA_CERT and "
+                          "FLOTILLA_KEY)",
+    "not_tls": " in --endpoints",
+    "tls_required": " in --endpoints, and its CA with --cacert FILE (or FLOTILLA_CACERT)",
+}
 
 
 def _locate(args: argparse.Namespace, env: Mapping[str, str]) -> None:
@@ -480,6 +508,7 @@ def _locate(args: argparse.Namespace, env: Mapping[str, str]) -> None:
             _check_endpoints(args.endpoints, "FLOTILLA_ENDPOINTS")
         if args.token is None and env.get("FLOTILLA_TOKEN"):
             args.token = env["FLOTILLA_TOKEN"]
+        _locate_tls(args, env)
         if args.endpoints is not None:
             return
     if args.dir is not None:
@@ -491,6 +520,34 @@ def _locate(args: argparse.Namespace, env: Mapping[str, str]) -> None:
         from flotilla.local import DEFAULT_DIR
 
         args.dir = DEFAULT_DIR
+
+
+#: The TLS files a client command takes: flag -> (attribute of args, environment variable).
+_TLS_FILES = {"--cacert": ("cacert_file", "FLOTILLA_CACERT"),
+              "--cert": ("cert_file", "FLOTILLA_CERT"), "--key": ("key_file", "FLOTILLA_KEY")}
+
+
+def _locate_tls(args: argparse.Namespace, env: Mapping[str, str]) -> None:
+    """--cacert, --cert and --key, else FLOTILLA_CACERT, FLOTILLA_CERT and FLOTILLA_KEY: each
+    a readable file (their content is checked when the client is made)."""
+    for source, (attr, variable) in _TLS_FILES.items():
+        if getattr(args, attr) is None and env.get(variable):
+            setattr(args, attr, env[variable])
+            source = variable
+        path = getattr(args, attr)
+        if path is None:
+            continue
+        if not path:
+            raise UsageError(f"{source} is empty: give a PEM file")
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as exc:
+            raise UsageError(f"{source}: cannot read {path}: "
+                             f"{exc.strerror or exc}") from None
+    if args.key_file is not None and args.cert_file is None:
+        raise UsageError("--key (FLOTILLA_KEY) goes with --cert (FLOTILLA_CERT): the client "
+                         "certificate it belongs to")
 
 
 def _check_dir(text: str, source: str) -> None:
@@ -547,7 +604,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         heartbeat_ms=args.heartbeat_ms, archive=args.archive, base_port=args.base_port,
         timeout=args.timeout, say=_say, restore_from=args.restore_from,
         restore_index=args.restore_index, restore_time=args.restore_time,
-        restore_cluster_id=args.restore_cluster_id)
+        restore_cluster_id=args.restore_cluster_id, tls=args.tls)
     state = cluster.state
     verb = "resumed" if resuming else "started"
     _say(f"{verb} {len(cluster.members)} members in {root} (cluster id {state.cluster_id})")
@@ -560,6 +617,9 @@ def cmd_up(args: argparse.Namespace) -> int:
         _say(f"restored: {cluster.restored.describe()}")
     _say(f"leader: {leader}")
     _say(f"endpoints: {','.join(cluster.endpoints)}")
+    if cluster.ca_file is not None:
+        _say(f"ca: {_rel(cluster.ca_file)} (TLS: other clients verify the members with it, "
+             f"e.g. --cacert or curl --cacert)")
     return EXIT_OK
 
 
@@ -613,14 +673,36 @@ def _token(args: argparse.Namespace) -> str | None:
         raise CommandError(f"cannot read the admin token in {path}: {exc.strerror}") from None
 
 
+def _ssl_context(args: argparse.Namespace, cluster=None):
+    """The TLS context for https:// members: --cacert (else the CA of a local cluster of
+    `up --tls`, else the system's CAs) and --cert/--key; None when nothing asks for TLS."""
+    from flotilla.node.tls import TLSError, client_context
+
+    ca = args.cacert_file
+    if ca is None and cluster is not None:
+        ca = cluster.ca_file
+    if ca is None and args.cert_file is None:
+        return None
+    try:
+        return client_context(ca, args.cert_file, args.key_file)
+    except TLSError as exc:
+        raise CommandError(f"cannot use TLS: {exc}") from None
+
+
+def _client_options(args: argparse.Namespace, cluster=None) -> dict[str, Any]:
+    return {"token": _token(args), "ssl_context": _ssl_context(args, cluster)}
+
+
 def _client(args: argparse.Namespace):
     """A client for --endpoints, else for the members recorded in --dir. A user waits on it:
     when nothing listens at any endpoint it says so at once, rather than after --timeout."""
     from flotilla.client import Client
     from flotilla.local import LocalCluster
 
-    endpoints = args.endpoints or LocalCluster.load(_dir(args)).endpoints
-    return Client(endpoints, timeout=args.timeout, token=_token(args), stop_when_refused=True)
+    cluster = None if args.endpoints else LocalCluster.load(_dir(args))
+    endpoints = args.endpoints or cluster.endpoints
+    return Client(endpoints, timeout=args.timeout, stop_when_refused=True,
+                  **_client_options(args, cluster))
 
 
 def _with_client(fn: Callable[[Any, argparse.Namespace], int]) -> Callable[..., int]:
@@ -673,7 +755,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from flotilla.local import LocalCluster
 
     cluster = None if args.endpoints else LocalCluster.load(_dir(args))
-    token = _token(args)
+    options = _client_options(args, cluster)
     with _client(args) as client:
         if args.output != "table":
             try:
@@ -691,7 +773,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     docs: dict[str, dict[str, Any] | None] = {}
     for name, url in members:
         try:
-            with Client(url, timeout=min(1.0, args.timeout), retries=0, token=token) as one:
+            with Client(url, timeout=min(1.0, args.timeout), retries=0, **options) as one:
                 docs[name] = one.status(url)
         except (FlotillaError, ValueError):
             docs[name] = None
