@@ -6,8 +6,9 @@ writing while the others elect a new one (and says how long writes were unavaila
 restarts the killed member and shows that it caught up; scales to five members and back to
 three (``flotilla scale``, the operator's planner) with the leader among those leaving; then
 snapshots to the archive, stops
-the cluster, deletes every data dir and restores a new cluster from the archive.
-Usage: python -m flotilla.demo [--dir DIR] [--base-port PORT]
+the cluster, deletes every data dir and restores a new cluster from the archive. With
+``--tls`` both clusters run with TLS on both ports (``flotilla up --tls``).
+Usage: python -m flotilla.demo [--dir DIR] [--base-port PORT] [--tls]
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import time
 from pathlib import Path
 
 from flotilla import local, scaling
-from flotilla.client import Client
 
 
 def say(text: str) -> None:
@@ -53,22 +53,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--base-port", type=int, default=None,
                         help="fixed ports (peers at BASE+i, clients at BASE+10+i); "
                              "default: free ports")
+    parser.add_argument("--tls", action="store_true",
+                        help="TLS on both ports, from a CA made under DIR/tls (flotilla up "
+                             "--tls)")
     args = parser.parse_args(argv)
     root = Path(args.dir).resolve()
     _fresh(root)
 
-    say(f"starting 3 members (data under {root})")
+    say(f"starting 3 members (data under {root}{', with TLS' if args.tls else ''})")
     try:
-        cluster, leader = local.up(root, 3, base_port=args.base_port, say=say)
+        cluster, leader = local.up(root, 3, base_port=args.base_port, say=say, tls=args.tls)
     except local.LocalClusterError as exc:
         raise SystemExit(f"the cluster did not start: {exc}") from None
     try:
         for m in cluster.members:
             say(f"  {m.name}: {m.client_url} (pid {m.pid}, log {m.log_file})")
         say(f"{leader} is the leader")
+        if cluster.ca_file:
+            say(f"TLS on both ports: members verify each other's certificates, clients "
+                f"verify theirs with {cluster.ca_file}")
 
         say("writing 100 keys through every member (followers forward to the leader)")
-        through = {m.name: Client(m.client_url, prefer_leader=False) for m in cluster.members}
+        through = {m.name: cluster.client(m.client_url, prefer_leader=False)
+                   for m in cluster.members}
         for i in range(100):
             through[cluster.names[i % 3]].put(f"key{i:03d}", f"value{i}".encode())
         read = through["n2"].get("key042")
@@ -92,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         say(f"restarting {leader} on its old data; it catches up from the new leader")
         cluster.restart(leader)
         applied = _wait_caught_up(cluster, leader, client.status()["commit_index"])
-        with Client(cluster.url(leader), prefer_leader=False) as own:
+        with cluster.client(cluster.url(leader), prefer_leader=False) as own:
             value = own.get("after049", consistency="serializable").value
         say(f"{leader} applied up to {applied} and serves after049 locally: "
             f"{value.decode() if value else value}")
@@ -128,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     say(f"restoring a new cluster from {archive} (flotilla up --restore-from)")
     try:
         restored, leader = local.up(restored_root, 3, base_port=None, say=say,
-                                    restore_from=archive, archive=(root / "archive2").as_uri())
+                                    restore_from=archive, archive=(root / "archive2").as_uri(),
+                                    tls=args.tls)
     except local.LocalClusterError as exc:
         raise SystemExit(f"the restored cluster did not start: {exc}") from None
     try:
