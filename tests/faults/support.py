@@ -101,6 +101,7 @@ def workload(cluster: LocalCluster, *, seed: int, clients: int = 4,
     options.setdefault("timeout", 2.0)
     options.setdefault("mix", {"put": 0.4, "get": 0.4, "delete": 0.1, "cas": 0.1})
     options.setdefault("history", TracedHistory())
+    options.setdefault("ssl_context", cluster.ssl_context)  # https:// members of tls=True
     return TracedWorkload(urls or member_urls(cluster), KEYS, clients=clients, duration=120.0,
                           seed=seed, **options)
 
@@ -300,7 +301,7 @@ def final_reads(cluster: LocalCluster, keys: Iterable[str], timeout: float = 30.
     """Read every key linearizably, spread over the running members (retrying one that does
     not answer 200/404), keeping who answered and the indexes."""
     running = {m: cluster.nodes[m].url for m in cluster.members if cluster.nodes[m].running}
-    return read_final_reads(running, keys, timeout=timeout)
+    return read_final_reads(running, keys, timeout=timeout, ssl_context=cluster.ssl_context)
 
 
 def check_history(cluster: LocalCluster, w: Workload, *, min_ok: int = 30,

@@ -1,5 +1,7 @@
 """kill -9 the leader under load: a new leader serves, how long writes stopped is measured, and
-the killed member catches up after a restart. The history stays linearizable throughout."""
+the killed member catches up after a restart. The history stays linearizable throughout; also
+with TLS on both ports and mutual TLS between members (the killed leader's peers reconnect to
+it over TLS after its restart)."""
 
 from __future__ import annotations
 
@@ -24,9 +26,13 @@ from tests.faults.support import (
 )
 
 
-@pytest.mark.parametrize("size", [3, 5])
-def test_kill_leader_under_load(local_cluster, size):
-    cluster = local_cluster(size, **FAST)
+@pytest.mark.parametrize(("size", "tls"), [(3, False), (5, False), (3, True)],
+                         ids=["3", "5", "3-tls"])
+def test_kill_leader_under_load(local_cluster, size, tls):
+    cluster = local_cluster(size, tls=tls, **FAST)
+    for node in cluster.nodes.values():  # TLS on both ports, or on neither
+        assert node.url.startswith("https://" if tls else "http://")
+        assert ("--peer-trusted-ca-file" in node.argv) == tls
     cluster.wait_leader(30)
     w = workload(cluster, seed=size)
     probes = write_probes(cluster, w, seed=size)
@@ -70,10 +76,10 @@ def test_kill_leader_under_load(local_cluster, size):
     main_text = ("none acknowledged before the restart" if main_gap is None
                  else f"{main_gap * 1000:.0f} ms")
     late = ", ".join(f"{m}: {answer} after {t * 1000:.0f} ms" for m, (t, answer) in reads.items())
-    print(f"\n{size} members, leader {old} killed, {new} took over (all survivors agreed "
-          f"{elected_after * 1000:.0f} ms after the kill): unavailability: "
-          f"{(gap or 0) * 1000:.0f} ms (the longest gap between acknowledged writes around "
-          f"the kill; as seen by the main clients alone, whose timeout is 2 s: "
+    print(f"\n{size} members{' with TLS' if tls else ''}, leader {old} killed, {new} took "
+          f"over (all survivors agreed {elected_after * 1000:.0f} ms after the kill): "
+          f"unavailability: {(gap or 0) * 1000:.0f} ms (the longest gap between acknowledged "
+          f"writes around the kill; as seen by the main clients alone, whose timeout is 2 s: "
           f"{main_text}); "
           f"linearizable GETs sent to survivors "
           f"right after the kill answered: {late}; restarted {old} applied {applied} >= "

@@ -26,6 +26,7 @@ import itertools
 import json
 import random
 import socket
+import ssl
 import threading
 import time
 import uuid
@@ -96,16 +97,24 @@ def key_path(key: str) -> str:
 
 
 class KVClient:
-    """Requests to one member over one keep-alive connection (one thread at a time)."""
+    """Requests to one member over one keep-alive connection (one thread at a time).
 
-    def __init__(self, url: str, *, timeout: float = 5.0, token: str | None = None) -> None:
+    An ``https://`` URL is dialled with ``ssl_context`` (a member with TLS on its client port;
+    default: the system's CAs)."""
+
+    def __init__(self, url: str, *, timeout: float = 5.0, token: str | None = None,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         parts = urlsplit(url if "//" in url else "http://" + url)
-        if parts.scheme != "http" or not parts.hostname or not parts.port:
+        if parts.scheme not in ("http", "https") or not parts.hostname or not parts.port:
             raise ValueError(f"expected a client URL like http://127.0.0.1:2379, got {url!r}")
-        self.url = f"http://{parts.hostname}:{parts.port}"
+        self.url = f"{parts.scheme}://{parts.hostname}:{parts.port}"
         self.host, self.port = parts.hostname, parts.port
         self.timeout = timeout
         self.token = token
+        self.ssl_context = ssl_context
+        if parts.scheme == "https" and ssl_context is None:
+            self.ssl_context = ssl.create_default_context()
+        self._tls = parts.scheme == "https"
         self._conn: http.client.HTTPConnection | None = None
         self._used = False  # the current connection already carried a complete exchange
         self._reused_at_failure = False
@@ -199,7 +208,11 @@ class KVClient:
     def _exchange(self, method: str, target: str, body: bytes | None,
                   headers: dict[str, str], timeout: float | None) -> Response:
         if self._conn is None:
-            self._conn = _NoDelayConnection(self.host, self.port, timeout=self.timeout)
+            if self._tls:
+                self._conn = _NoDelayTLSConnection(self.host, self.port, timeout=self.timeout,
+                                                   context=self.ssl_context)
+            else:
+                self._conn = _NoDelayConnection(self.host, self.port, timeout=self.timeout)
             self._used = False
         conn = self._conn
         self._reused_at_failure = self._used
@@ -233,6 +246,14 @@ class KVClient:
 
 class _NoDelayConnection(http.client.HTTPConnection):
     """Small requests leave at once instead of waiting on Nagle's algorithm."""
+
+    def connect(self) -> None:
+        super().connect()
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+class _NoDelayTLSConnection(http.client.HTTPSConnection):
+    """The same over TLS."""
 
     def connect(self) -> None:
         super().connect()
@@ -314,6 +335,7 @@ class Workload:
 
     Writes carry ``Flotilla-Client``/``Flotilla-Seq`` when ``sessions`` is true, exercising
     exactly-once. Put values are unique (``c3:17``), which keeps the checker's search small.
+    ``https://`` members are dialled with ``ssl_context``.
 
     Use ``run()`` to block for ``duration``, or ``start()`` / ``stop()`` (or ``with``) to inject
     faults meanwhile. Afterwards: ``history``, ``counts`` and ``errors`` (a few transport errors,
@@ -334,8 +356,10 @@ class Workload:
         sessions: bool = True,
         seed: int = 0,
         history: History | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self._urls = urls
+        self.ssl_context = ssl_context  # for https:// members
         self.keys = list(keys)
         self.clients = clients
         self.duration = duration
@@ -432,7 +456,8 @@ class Workload:
                 url = rng.choice(urls)
                 client = connections.get(url)
                 if client is None:
-                    client = connections[url] = KVClient(url, timeout=self.timeout)
+                    client = connections[url] = KVClient(url, timeout=self.timeout,
+                                                         ssl_context=self.ssl_context)
                 kind = Kind(rng.choices(kinds, weights)[0])
                 key = rng.choice(self.keys)
                 outcome = self._one(client, name, kind, key, rng, values,
@@ -515,13 +540,15 @@ class FinalRead:
 
 
 def read_final_reads(members: Mapping[str, str], keys: Iterable[str], *,
-                     timeout: float = 30.0, per_request: float = 2.0) -> dict[str, FinalRead]:
+                     timeout: float = 30.0, per_request: float = 2.0,
+                     ssl_context: ssl.SSLContext | None = None) -> dict[str, FinalRead]:
     """Read every key linearizably from ``members`` ({name: client URL}), spreading the keys
     over them and retrying a key on the next member until it answers 200/404 or ``timeout``
     passes; keeps who answered and the indexes."""
     deadline = time.monotonic() + timeout
     names = list(members)
-    clients = {name: KVClient(url, timeout=per_request) for name, url in members.items()}
+    clients = {name: KVClient(url, timeout=per_request, ssl_context=ssl_context)
+               for name, url in members.items()}
     out: dict[str, FinalRead] = {}
     try:
         for n, key in enumerate(keys):
@@ -549,9 +576,10 @@ def read_final_reads(members: Mapping[str, str], keys: Iterable[str], *,
 
 
 def read_finals(urls: Sequence[str], keys: Iterable[str], *, timeout: float = 30.0,
-                per_request: float = 2.0) -> dict[str, bytes | None]:
+                per_request: float = 2.0, ssl_context: ssl.SSLContext | None = None
+                ) -> dict[str, bytes | None]:
     """Read every key linearizably (value, or None when absent), retrying across members until
     ``timeout``: the final state for ``check_final_state`` once the cluster is healed."""
     reads = read_final_reads({url: url for url in urls}, keys, timeout=timeout,
-                             per_request=per_request)
+                             per_request=per_request, ssl_context=ssl_context)
     return {key: read.value for key, read in reads.items()}

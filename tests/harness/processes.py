@@ -15,6 +15,10 @@ address. Cutting the pair (a -> b) is then one proxy's business. A member added 
 from the log, so its inbound traffic goes through one shared proxy (* -> new); ``isolate`` works
 for it, and ``partition`` works as long as it does not split the senders of that shared proxy.
 
+With ``tls=True`` every member runs with TLS on both ports (mutual TLS between members) with a
+certificate from a CA the cluster makes under its root (``tests.harness.certs``); its URLs are
+``https://`` and ``ssl_context`` is what clients dial them with.
+
 Signals go to the member's process group (it runs in its own session), so a child it forked,
 for example to write a snapshot, is paused and killed with it; SIGTERM goes to the member only,
 which then owns its shutdown.
@@ -26,6 +30,7 @@ import contextlib
 import functools
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -35,6 +40,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from tests.harness import ports
+from tests.harness.certs import MemberTLS, TestCA
 from tests.harness.faultproxy import FaultProxy, ProxyNet
 from tests.harness.kvclient import TRANSPORT_ERRORS, KVClient
 
@@ -80,7 +86,10 @@ def _node_env(extra: Mapping[str, str] | None) -> dict[str, str]:
 
 
 class NodeProcess:
-    """One ``flotilla node`` process; restartable with exactly the flags it first ran with."""
+    """One ``flotilla node`` process; restartable with exactly the flags it first ran with.
+
+    With ``tls`` (a ``tests.harness.certs.MemberTLS``) it runs with TLS on both ports and its
+    URLs are ``https://``."""
 
     def __init__(
         self,
@@ -101,6 +110,7 @@ class NodeProcess:
         log_path: Path | str | None = None,
         command: Sequence[str] = NODE_COMMAND,
         start: bool = True,
+        tls: MemberTLS | None = None,
     ) -> None:
         if initial_cluster_state not in ("new", "existing"):
             raise ValueError(f"initial_cluster_state must be new or existing, "
@@ -109,8 +119,10 @@ class NodeProcess:
         self.data_dir = Path(data_dir)
         self.peer_addr = peer_addr
         self.client_addr = client_addr
+        self.tls = tls
+        self._ssl_context: ssl.SSLContext | None = None
         if initial_cluster is None:
-            initial_cluster = {name: f"http://{peer_addr}"}
+            initial_cluster = {name: self.peer_url}
         self.initial_cluster = (initial_cluster if isinstance(initial_cluster, str)
                                 else format_initial_cluster(initial_cluster))
         self.initial_cluster_state = initial_cluster_state
@@ -137,13 +149,24 @@ class NodeProcess:
         return f"NodeProcess({self.name!r}, {self.url}, {state})"
 
     @property
+    def scheme(self) -> str:
+        return "https" if self.tls is not None else "http"
+
+    @property
     def url(self) -> str:
         """The client URL (``--listen-client``)."""
-        return f"http://{self.client_addr}"
+        return f"{self.scheme}://{self.client_addr}"
 
     @property
     def peer_url(self) -> str:
-        return f"http://{self.peer_addr}"
+        return f"{self.scheme}://{self.peer_addr}"
+
+    @property
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """What clients dial this member's client port with (None without TLS)."""
+        if self.tls is not None and self._ssl_context is None:
+            self._ssl_context = self.tls.client_context()
+        return self._ssl_context
 
     @property
     def argv(self) -> list[str]:
@@ -163,6 +186,8 @@ class NodeProcess:
             args += ["--advertise-peer", self.advertise_peer]
         if self.advertise_client:
             args += ["--advertise-client", self.advertise_client]
+        if self.tls is not None:
+            args += self.tls.node_args()
         return args + self.extra_args
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -263,7 +288,7 @@ class NodeProcess:
         """Return once the client port answers HTTP (``GET /healthz``, any status); raise with
         the log's end if the process exits or the time runs out first."""
         deadline = time.monotonic() + timeout
-        with KVClient(self.url, timeout=1.0) as c:
+        with KVClient(self.url, timeout=1.0, ssl_context=self.ssl_context) as c:
             while True:
                 if not self.running:
                     raise RuntimeError(f"{self.name} exited with {self.returncode} before "
@@ -319,7 +344,7 @@ class NodeProcess:
         return "\n".join(text.splitlines()[-n:])
 
     def client(self, timeout: float = 5.0) -> KVClient:
-        return KVClient(self.url, timeout=timeout)
+        return KVClient(self.url, timeout=timeout, ssl_context=self.ssl_context)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -333,6 +358,11 @@ class LocalCluster:
     ``proxy(src, dst)`` is the ``FaultProxy`` that carries src's peer traffic to dst (for
     delays and resets beyond what ``partition`` does). Use it as a context manager, or through
     the ``local_cluster`` fixture, so that processes never outlive the test.
+
+    ``tls=True``: TLS on both ports, mutual TLS between members, certificates from ``ca`` (a
+    ``TestCA`` under ``root/tls``) naming each member and the hosts it is dialled at (its own
+    127.0.0.x, and 127.0.0.1 where the proxies listen); ``client_cert_auth=True`` also makes
+    clients show a certificate of that CA. ``ssl_context`` is what clients dial with.
     """
 
     def __init__(
@@ -349,9 +379,19 @@ class LocalCluster:
         names: Sequence[str] | None = None,
         command: Sequence[str] = NODE_COMMAND,
         start: bool = True,
+        tls: bool = False,
+        client_cert_auth: bool = False,
     ) -> None:
         self.root = Path(tmp_path)
         self.command = list(command)
+        if client_cert_auth and not tls:
+            raise ValueError("client_cert_auth needs tls=True")
+        self.client_cert_auth = client_cert_auth
+        self.ca = TestCA(self.root / "tls") if tls else None
+        self.ssl_context: ssl.SSLContext | None = None
+        if self.ca is not None:
+            self.ssl_context = self.ca.client_context("test-client" if client_cert_auth
+                                                      else None)
         self.proxied = proxied
         self.election_timeout_ms = election_timeout_ms
         self.heartbeat_ms = heartbeat_ms
@@ -393,17 +433,22 @@ class LocalCluster:
         self._peer_addr[name] = f"{host}:{peer}"
         self._client_addr[name] = f"{host}:{client}"
 
+    @property
+    def scheme(self) -> str:
+        return "https" if self.ca is not None else "http"
+
     def peer_url(self, name: str) -> str:
         """The member's real peer address (what it listens on)."""
-        return f"http://{self._peer_addr[name]}"
+        return f"{self.scheme}://{self._peer_addr[name]}"
 
     def dial_url(self, src: str, dst: str) -> str:
         """The URL ``src`` uses to reach ``dst``'s peer port."""
         if src == dst or self.net is None:
             return self.peer_url(dst)
         if dst in self._inbound:
-            return self._inbound[dst].url
-        return self.net.url(src, dst)
+            proxy = self._inbound[dst]
+            return f"{self.scheme}://{proxy.host}:{proxy.port}"
+        return self.net.url(src, dst, scheme=self.scheme)
 
     def proxy(self, src: str, dst: str) -> FaultProxy:
         """The proxy carrying what ``src`` sends to ``dst`` (shared by every sender when
@@ -418,13 +463,18 @@ class LocalCluster:
         return {m: self.dial_url(name, m) for m in (members or self.members)}
 
     def _node(self, name: str, state: str, members: Iterable[str]) -> NodeProcess:
+        tls = None
+        if self.ca is not None:
+            host = _address(self._peer_addr[name])[0]
+            tls = self.ca.member(name, [host, "127.0.0.1"],
+                                 client_cert_auth=self.client_cert_auth)
         return NodeProcess(
             name, self.root / name / "data", self._peer_addr[name], self._client_addr[name],
             initial_cluster=self.initial_cluster_view(name, members),
             initial_cluster_state=state, cluster_id=self.cluster_id,
             election_timeout_ms=self.election_timeout_ms, heartbeat_ms=self.heartbeat_ms,
             extra_args=self.extra_args, env=self.env, log_path=self.root / f"{name}.log",
-            command=self.command, start=False)
+            command=self.command, start=False, tls=tls)
 
     def start(self) -> None:
         """Start every member that is not running (all of them, the first time)."""
@@ -495,7 +545,7 @@ class LocalCluster:
     # -- observation ----------------------------------------------------------------------
 
     def client(self, name: str, timeout: float = 5.0) -> KVClient:
-        return KVClient(self.nodes[name].url, timeout=timeout)
+        return KVClient(self.nodes[name].url, timeout=timeout, ssl_context=self.ssl_context)
 
     @property
     def urls(self) -> list[str]:
@@ -504,7 +554,7 @@ class LocalCluster:
 
     def status(self, name: str, timeout: float = 2.0) -> dict[str, Any]:
         """``GET /v1/status`` of one member."""
-        with KVClient(self.nodes[name].url, timeout=timeout) as c:
+        with self.client(name, timeout=timeout) as c:
             return c.status()
 
     def wait_leader(self, timeout: float = 30.0, among: Iterable[str] | None = None) -> str:
