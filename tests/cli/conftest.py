@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from flotilla import local
 from tests.harness.fixtures import local_cluster, require_node  # noqa: F401 (a fixture)
 from tests.harness.processes import LocalCluster
 
 #: Fast elections keep the suite quick; the CLI takes the same through `up`.
 FAST = {"election_timeout_ms": 500, "heartbeat_ms": 50}
+FAST_FLAGS = ["--election-timeout-ms", str(FAST["election_timeout_ms"]),
+              "--heartbeat-ms", str(FAST["heartbeat_ms"])]
 
 
 def text(result: subprocess.CompletedProcess) -> str:
@@ -27,6 +31,16 @@ def text(result: subprocess.CompletedProcess) -> str:
 def ok(result: subprocess.CompletedProcess) -> str:
     assert result.returncode == 0, text(result)
     return result.stdout.decode()
+
+
+def tear_down(root: Path) -> None:
+    """Whatever a test did, no member of the local cluster in ``root`` outlives it; the end of
+    each member's log is printed (pytest shows it when the test failed)."""
+    if local.LocalCluster.exists(root):
+        cluster = local.LocalCluster.load(root)
+        cluster.stop(timeout=5)
+        for m in cluster.members:
+            print(f"--- {m.name} ({m.log_file}):\n{cluster.log_tail(m.name, 30)}")
 
 
 @pytest.fixture(scope="module")

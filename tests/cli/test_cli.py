@@ -15,21 +15,9 @@ from pathlib import Path
 import pytest
 
 from flotilla.local import LocalCluster, pid_is_member
-from tests.cli.conftest import FAST, ok, text
+from tests.cli.conftest import FAST, FAST_FLAGS, ok, tear_down, text
 from tests.harness.cli import flotilla
 from tests.harness.fixtures import require_node
-
-FAST_FLAGS = ["--election-timeout-ms", str(FAST["election_timeout_ms"]),
-              "--heartbeat-ms", str(FAST["heartbeat_ms"])]
-
-
-def _tear_down(root: Path) -> None:
-    """Whatever a test did, no member outlives it."""
-    if LocalCluster.exists(root):
-        cluster = LocalCluster.load(root)
-        cluster.stop(timeout=5)
-        for m in cluster.members:
-            print(f"--- {m.name} ({m.log_file}):\n{cluster.log_tail(m.name, 30)}")
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +28,7 @@ def up_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         ok(flotilla("up", "--replicas", "3", "--dir", str(root), *FAST_FLAGS))
         yield root
     finally:
-        _tear_down(root)
+        tear_down(root)
 
 
 def test_help_lists_every_command():
@@ -230,7 +218,7 @@ def test_up_refuses_twice_down_stops_every_pid_and_up_resumes_the_data(tmp_path)
         assert flotilla("kv", "get", "kept", cwd=tmp_path).stdout == b"across restarts"
         ok(flotilla("down", cwd=tmp_path))
     finally:
-        _tear_down(root)
+        tear_down(root)
 
 
 def ok_or_1(result: subprocess.CompletedProcess) -> str:
