@@ -21,6 +21,7 @@ for a member (and never signalled).
 from __future__ import annotations
 
 import contextlib
+import datetime
 import fcntl
 import json
 import os
@@ -527,6 +528,29 @@ class LocalCluster:
         tmp.write_text(json.dumps(self.state.to_json(), indent=2) + "\n")
         os.replace(tmp, path)
 
+    def renew_certificates(self, names: Iterable[str], within_days: int = 30) -> list[str]:
+        """In a TLS cluster, issue a new certificate from its CA for each member of ``names``
+        whose certificate is missing or expires within ``within_days`` (member certificates
+        last a year; a cluster can stay stopped longer). A member reads its certificate when
+        it starts, so renew only members about to start. Returns the names renewed."""
+        if not self.state.tls:
+            return []
+        from cryptography import x509
+
+        soon = datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=within_days)
+        renewed = []
+        for name in names:
+            try:
+                cert = x509.load_pem_x509_certificate(
+                    (self.root / TLS_DIR / f"{name}.crt").read_bytes())
+                fresh = cert.not_valid_after_utc > soon
+            except (OSError, ValueError):
+                fresh = False
+            if not fresh:
+                issue_member_certificate(self.root, name)
+                renewed.append(name)
+        return renewed
+
     def mark_bootstrapped(self) -> None:
         """Turn every member's `--initial-cluster-state` to `existing`, as the operator turns
         its pod template once the cluster has served. The flag only matters on an empty data
@@ -872,6 +896,9 @@ def _up(root: Path, replicas: int, *, election_timeout_ms: int, heartbeat_ms: in
         down = [n for n in cluster.names if n not in running]
         if running:
             say(f"{', '.join(running)} running; starting {', '.join(down)}")
+        for name in cluster.renew_certificates(down):
+            say(f"note: {name}'s certificate had expired or was about to (or was missing); "
+                f"issued a new one from the cluster's CA")
         try:
             cluster.start(down)
             leader = cluster.wait_ready(timeout, require=down)

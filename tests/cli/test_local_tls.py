@@ -12,12 +12,13 @@ import json
 import stat
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 from cryptography import x509
 from cryptography.x509.oid import NameOID
-from flotilla.node.tls import make_ca
+from flotilla.node.tls import Issued, issue, make_ca
 
 from flotilla import local
 from flotilla.client import Client, TLSFailure
@@ -86,6 +87,24 @@ def test_a_tls_cluster_records_https_urls_and_the_flags_of_its_certificates(tmp_
     assert not plain.state.tls and plain.ca_file is None
     assert plain.members[0].client_url.startswith("http://")
     assert not (tmp_path / "plain" / "tls").exists()
+
+
+def test_certificates_near_their_end_are_renewed_from_the_same_ca(tmp_path):
+    cluster = LocalCluster.create(tmp_path, 2, base_port=40000, tls=True)
+    tls_dir = tmp_path / "tls"
+    ca = Issued((tls_dir / "ca.crt").read_bytes(), (tls_dir / "ca.key").read_bytes())
+    issue(ca, "n1", [local.HOST], days=10).write(tls_dir / "n1.crt", tls_dir / "n1.key")
+    (tls_dir / "n2.crt").unlink()
+    n1_key = (tls_dir / "n1.key").read_bytes()
+    assert cluster.renew_certificates(["n1", "n2"]) == ["n1", "n2"]
+    for name in ("n1", "n2"):
+        _check_member_certificate(tls_dir, name)
+        left = _cert(tls_dir / f"{name}.crt").not_valid_after_utc - datetime.now(UTC)
+        assert left > timedelta(days=300)
+    assert (tls_dir / "n1.key").read_bytes() != n1_key
+    assert cluster.renew_certificates(["n1", "n2"]) == []  # fresh ones are kept
+    assert LocalCluster.create(tmp_path / "plain", 1, base_port=40000).renew_certificates(
+        ["n1"]) == []
 
 
 def test_a_state_file_from_before_tls_loads_as_a_plain_cluster(tmp_path):
