@@ -54,6 +54,9 @@ from .wire import Batch, WireError, decode_batch
 log = logging.getLogger(__name__)
 
 REQUEST_TIMEOUT = 10.0
+#: How long a follower waits for a new leader's client URL to be committed before it turns a
+#: request it would forward away with 503.
+LEADER_URL_WAIT = 2.0
 FORWARDED = "Flotilla-Forwarded"
 KV_PREFIX = "/v1/kv/"
 #: Longest key, in bytes of UTF-8. Even fully percent-encoded (3 characters a byte) such a key
@@ -507,6 +510,10 @@ class ClientAPI:
         if request.headers.get(FORWARDED):
             return unavailable("leadership moved while the request was forwarded; retry")
         url = self.node.leader_client_url()
+        if url is None and self.node.core.leader is not None:
+            # A new leader's client URL reaches the others through the log a moment after its
+            # election: wait for it rather than turn the client away.
+            url = await self.node.wait_leader_client_url(LEADER_URL_WAIT)
         if url is None:
             return unavailable("no leader is known yet; retry")
         if self.session is None:

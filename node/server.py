@@ -107,6 +107,7 @@ class NodeServer:
         self.name = cfg.name
         self.metrics = Metrics()
         self._inbox: list[Message] = []
+        self._client_urls_learned = asyncio.Event()  # set when the configuration gives some
         self._heard_clients: dict[str, str] = {}  # leader: client URLs members reported
         # A received snapshot's file and the machine restored from it when it arrived.
         self._verified_machine: tuple[Path, KVStateMachine] | None = None
@@ -511,6 +512,8 @@ class NodeServer:
             self.transport.learn(name, peer_url=url, source=MEMBERSHIP)
         for name, url in membership.clients:
             self.transport.learn(name, client_url=url, source=MEMBERSHIP)
+        if membership.clients:
+            self._client_urls_learned.set()
 
     def heard_client_url(self, sender: str, url: str) -> None:
         """A member (named by its certificate, with TLS) says where its clients connect. Only
@@ -788,6 +791,21 @@ class NodeServer:
         if sender in membership.members() or sender in self.cfg.initial_cluster:
             return True
         return not membership.members()
+
+    async def wait_leader_client_url(self, timeout: float) -> str | None:
+        """The leader's client URL, once the configuration gives it (within `timeout`)."""
+        deadline = time.monotonic() + timeout
+        while (url := self.leader_client_url()) is None and not self._stopping:
+            self._client_urls_learned.clear()
+            left = deadline - time.monotonic()
+            if left <= 0 or self.core.leader is None:
+                return None
+            try:
+                async with asyncio.timeout(left):
+                    await self._client_urls_learned.wait()
+            except TimeoutError:
+                return self.leader_client_url()
+        return url
 
     def leader_client_url(self) -> str | None:
         leader = self.core.leader
