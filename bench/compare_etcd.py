@@ -15,10 +15,16 @@ Measured, for each system:
   time out (``--failover-timeout``) move on to the next member. Repeated ``--failover-rounds``
   times, restarting the killed member in between; the median is reported.
 
+With ``--tls`` both systems run with mutual TLS between peers (each member's certificate names
+it, signed by one CA made for the run) and TLS on the client port (a server certificate, no
+client certificates), with the same certificates; the load generator then dials https,
+verifying the members against that CA, over the same keep-alive connections.
+
 Usage::
 
     .venv/bin/python bench/compare_etcd.py                       # both, default settings
     .venv/bin/python bench/compare_etcd.py --only etcd --duration 5
+    .venv/bin/python bench/compare_etcd.py --tls --failover-rounds 0   # both, TLS everywhere
     .venv/bin/python bench/compare_etcd.py --clients 1,16 --json bench/results/cmp.json
 
 etcd comes from ``apt-get install -y etcd-server`` (``--etcd PATH`` for another binary).
@@ -39,6 +45,7 @@ import os
 import random
 import shutil
 import signal
+import ssl
 import statistics
 import subprocess
 import sys
@@ -64,6 +71,36 @@ def _harness(module: str) -> Any:
     return importlib.import_module(f"tests.harness.{module}")
 
 
+def _node_module(module: str) -> Any:
+    """A module of the node package (node/), importable from this script."""
+    _harness("ports")  # puts the repository on sys.path
+    return importlib.import_module(f"node.{module}")
+
+
+class Certs:
+    """A CA made for this run, and certificates it signs for members: CN (and a DNS SAN) the
+    member's name, IP SANs the loopback addresses others dial it at. One certificate serves
+    a member's client port, its peer port and its peer dials, in both systems."""
+
+    def __init__(self, directory: Path) -> None:
+        self.tls = _node_module("tls")
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
+        self.ca = self.tls.make_ca("compare_etcd bench CA")
+        self.ca_file = directory / "ca.crt"
+        self.ca.write(self.ca_file, directory / "ca.key")
+
+    def member(self, name: str, hosts: list[str]) -> tuple[str, str]:
+        """(certificate file, key file) for the member ``name`` reachable at ``hosts``."""
+        cert, key = self.directory / f"{name}.crt", self.directory / f"{name}.key"
+        self.tls.issue(self.ca, name, hosts).write(cert, key)
+        return str(cert), str(key)
+
+    def client_context(self) -> ssl.SSLContext:
+        """What the load generator dials with: members verified against the CA."""
+        return self.tls.client_context(str(self.ca_file))
+
+
 # ---------------------------------------------------------------------------------------------
 # The systems under test: what the load generator needs to know about each
 
@@ -73,7 +110,11 @@ class System(Protocol):
 
     fsync_metric: str  # the Prometheus histogram counting the leader's log fsyncs
 
+    ssl_context: ssl.SSLContext | None  # what clients dial with; None: plain HTTP
+
     def names(self) -> list[str]: ...
+
+    def running(self, name: str) -> bool: ...
 
     def client_url(self, name: str) -> str: ...
 
@@ -81,7 +122,9 @@ class System(Protocol):
         """(method, path, body, headers) of one write; success is a 200 answer."""
         ...
 
-    async def leader(self, session: aiohttp.ClientSession, timeout: float) -> str: ...
+    async def status(self, session: aiohttp.ClientSession, name: str) -> tuple[str, str]:
+        """(the member's own id, the id of the leader it names) from its status endpoint."""
+        ...
 
     def kill(self, name: str) -> None: ...
 
@@ -95,16 +138,27 @@ class EtcdCluster:
 
     fsync_metric = "etcd_disk_wal_fsync_duration_seconds_count"
 
-    def __init__(self, binary: str, workdir: Path, size: int = 3) -> None:
+    def __init__(self, binary: str, workdir: Path, size: int = 3,
+                 certs: Certs | None = None) -> None:
         self.label = "etcd " + _etcd_version(binary)
         self.binary = binary
         self.workdir = workdir
         numbers = _harness("ports").allocate_ports(2 * size)
         self._names = [f"etcd{i}" for i in range(size)]
-        self._client = {n: f"http://127.0.0.1:{numbers[2 * i]}" for i, n in
+        scheme = "https" if certs else "http"
+        self._client = {n: f"{scheme}://127.0.0.1:{numbers[2 * i]}" for i, n in
                         enumerate(self._names)}
-        self._peer = {n: f"http://127.0.0.1:{numbers[2 * i + 1]}" for i, n in
+        self._peer = {n: f"{scheme}://127.0.0.1:{numbers[2 * i + 1]}" for i, n in
                       enumerate(self._names)}
+        self._tls: dict[str, list[str]] = {}
+        self.ssl_context = certs.client_context() if certs else None
+        for name in self._names if certs else ():
+            cert, key = certs.member(name, ["127.0.0.1"])
+            self._tls[name] = [
+                "--cert-file", cert, "--key-file", key,
+                "--peer-cert-file", cert, "--peer-key-file", key,
+                "--peer-trusted-ca-file", str(certs.ca_file), "--peer-client-cert-auth",
+            ]
         self._procs: dict[str, subprocess.Popen] = {}
         self._logs: dict[str, Any] = {}
         self._token = "bench-" + uuid.uuid4().hex[:8]
@@ -124,6 +178,7 @@ class EtcdCluster:
             "--initial-cluster-token", self._token,
             "--heartbeat-interval", str(HEARTBEAT_MS),
             "--election-timeout", str(ELECTION_TIMEOUT_MS),
+            *self._tls.get(name, ()),
         ]
 
     def _start(self, name: str) -> None:
@@ -135,6 +190,9 @@ class EtcdCluster:
 
     def names(self) -> list[str]:
         return list(self._names)
+
+    def running(self, name: str) -> bool:
+        return self._procs[name].poll() is None
 
     def client_url(self, name: str) -> str:
         return self._client[name]
@@ -155,32 +213,11 @@ class EtcdCluster:
                     return path
         raise RuntimeError(f"{url}: neither /v3/kv/put nor /v3beta/kv/put accepts a put")
 
-    async def leader(self, session: aiohttp.ClientSession, timeout: float) -> str:
-        """The member every live member names as leader (``POST /v3/maintenance/status``)."""
-        deadline = time.monotonic() + timeout
-        last = "no answer yet"
-        while time.monotonic() < deadline:
-            ids: dict[str, str] = {}
-            leaders = set()
-            for name in self._names:
-                if self._procs[name].poll() is not None:
-                    continue
-                try:
-                    async with session.post(self._client[name] + "/v3/maintenance/status",
-                                            data=b"{}", timeout=aiohttp.ClientTimeout(1)) as r:
-                        doc = await r.json(content_type=None)
-                except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-                    last = f"{name}: {type(exc).__name__}"
-                    break
-                ids[doc["header"]["member_id"]] = name
-                leaders.add(doc.get("leader", "0"))
-            else:
-                if len(leaders) == 1 and (lead := leaders.pop()) in ids:
-                    return ids[lead]
-                last = f"leaders reported: {sorted(leaders)}"
-            await asyncio.sleep(0.1)
-        raise TimeoutError(f"etcd has no agreed leader after {timeout}s ({last}); logs in "
-                           f"{self.workdir}")
+    async def status(self, session: aiohttp.ClientSession, name: str) -> tuple[str, str]:
+        async with session.post(self._client[name] + "/v3/maintenance/status",
+                                data=b"{}", timeout=aiohttp.ClientTimeout(1)) as r:
+            doc = await r.json(content_type=None)
+        return doc["header"]["member_id"], doc.get("leader", "0")
 
     def kill(self, name: str) -> None:
         proc = self._procs[name]
@@ -207,35 +244,106 @@ class EtcdCluster:
 
 
 class FlotillaCluster:
-    """Three ``flotilla node`` processes through the test harness's LocalCluster."""
+    """Three ``flotilla node`` processes (the test harness's NodeProcess), each on its own
+    loopback address where the host allows it, as the harness's LocalCluster places them."""
 
     fsync_metric = "flotilla_fsync_seconds_count"
 
-    def __init__(self, workdir: Path, size: int = 3) -> None:
+    def __init__(self, workdir: Path, size: int = 3, certs: Certs | None = None) -> None:
         self.label = "flotilla"
-        self.cluster = _harness("processes").LocalCluster(
-            workdir, size, election_timeout_ms=ELECTION_TIMEOUT_MS, heartbeat_ms=HEARTBEAT_MS)
+        self.workdir = workdir
+        processes, ports = _harness("processes"), _harness("ports")
+        scheme = "https" if certs else "http"
+        self.ssl_context = certs.client_context() if certs else None
+        names = [f"n{i}" for i in range(size)]
+        hosts = dict(zip(names, ports.loopback_hosts(size), strict=True))
+        peer, client = {}, {}
+        self._ports: list[int] = []
+        for name, host in hosts.items():
+            peer_port, client_port = ports.allocate_ports(2, host)
+            self._ports += [peer_port, client_port]
+            peer[name], client[name] = f"{host}:{peer_port}", f"{host}:{client_port}"
+        self._client = {name: f"{scheme}://{addr}" for name, addr in client.items()}
+        view = {name: f"{scheme}://{addr}" for name, addr in peer.items()}
+        cluster_id = "bench-" + uuid.uuid4().hex[:8]
+        self.nodes: dict[str, Any] = {}
+        for name in names:
+            tls: list[str] = []
+            if certs:
+                cert, key = certs.member(name, [hosts[name]])
+                tls = ["--cert-file", cert, "--key-file", key,
+                       "--peer-cert-file", cert, "--peer-key-file", key,
+                       "--peer-trusted-ca-file", str(certs.ca_file)]
+            self.nodes[name] = processes.NodeProcess(
+                name, workdir / name / "data", peer[name], client[name],
+                initial_cluster=view, cluster_id=cluster_id,
+                election_timeout_ms=ELECTION_TIMEOUT_MS, heartbeat_ms=HEARTBEAT_MS,
+                extra_args=tls, log_path=workdir / f"{name}.log", start=False)
+        try:
+            for node in self.nodes.values():
+                node.start()
+        except BaseException:
+            self.close()
+            raise
 
     def names(self) -> list[str]:
-        return list(self.cluster.nodes)
+        return list(self.nodes)
+
+    def running(self, name: str) -> bool:
+        return self.nodes[name].running
 
     def client_url(self, name: str) -> str:
-        return self.cluster.nodes[name].url
+        return self._client[name]
 
     def write_request(self, key: str, value: bytes) -> tuple[str, str, bytes, dict[str, str]]:
         return "PUT", "/v1/kv/" + key, value, {}
 
-    async def leader(self, session: aiohttp.ClientSession, timeout: float) -> str:
-        return await asyncio.to_thread(self.cluster.wait_leader, timeout)
+    async def status(self, session: aiohttp.ClientSession, name: str) -> tuple[str, str]:
+        async with session.get(self._client[name] + "/v1/status",
+                               timeout=aiohttp.ClientTimeout(1)) as r:
+            doc = await r.json(content_type=None)
+        return doc["name"], doc.get("leader") or ""
 
     def kill(self, name: str) -> None:
-        self.cluster.nodes[name].kill()
+        self.nodes[name].kill()
 
     def restart(self, name: str) -> None:
-        self.cluster.nodes[name].restart()
+        self.nodes[name].restart()
 
     def close(self) -> None:
-        self.cluster.stop_all()
+        """Kill every member (as the harness's LocalCluster.stop_all does)."""
+        for node in self.nodes.values():
+            node.close()
+        ports = _harness("ports")
+        for port in self._ports:
+            ports.release_port(port)
+        self._ports = []
+
+
+async def agreed_leader(system: System, session: aiohttp.ClientSession, timeout: float) -> str:
+    """The member every running member names as leader, from their status endpoints."""
+    deadline = time.monotonic() + timeout
+    last = "no answer yet"
+    while time.monotonic() < deadline:
+        ids: dict[str, str] = {}
+        leaders = set()
+        for name in system.names():
+            if not system.running(name):
+                continue
+            try:
+                own, lead = await system.status(session, name)
+            except (aiohttp.ClientError, TimeoutError, ValueError, KeyError) as exc:
+                last = f"{name}: {type(exc).__name__}: {exc}"
+                break
+            ids[own] = name
+            leaders.add(lead)
+        else:
+            if len(leaders) == 1 and (lead := leaders.pop()) in ids:
+                return ids[lead]
+            last = f"leaders reported: {sorted(leaders)}"
+        await asyncio.sleep(0.1)
+    raise TimeoutError(f"{system.label} has no agreed leader after {timeout}s ({last}); logs "
+                       f"in {getattr(system, 'workdir', '?')}")
 
 
 def _etcd_version(binary: str) -> str:
@@ -344,9 +452,11 @@ async def drive(
     return result
 
 
-def new_session() -> aiohttp.ClientSession:
-    # limit=0: every concurrent client keeps its own keep-alive connection.
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+def new_session(system: System) -> aiohttp.ClientSession:
+    # limit=0: every concurrent client keeps its own keep-alive connection (over TLS: one
+    # handshake per client, during the warm-up).
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(
+        limit=0, ssl=system.ssl_context if system.ssl_context is not None else True))
 
 
 async def fsync_count(session: aiohttp.ClientSession, url: str, metric: str) -> float | None:
@@ -365,13 +475,13 @@ async def fsync_count(session: aiohttp.ClientSession, url: str, metric: str) -> 
 async def measure_throughput(system: System, levels: list[int], args: argparse.Namespace,
                              value: bytes) -> dict[int, LoadResult]:
     results = {}
-    async with new_session() as session:
+    async with new_session(system) as session:
         if isinstance(system, EtcdCluster):
-            leader = await system.leader(session, 30)
+            leader = await agreed_leader(system, session, 30)
             path = await system.probe_put_path(session, system.client_url(leader))
             print(f"  etcd gateway put path: {path}", flush=True)
         for k in levels:
-            leader = await system.leader(session, 30)
+            leader = await agreed_leader(system, session, 30)
             url = system.client_url(leader)
             before = await fsync_count(session, url, system.fsync_metric)
             r = await drive(system, session, [url], k,
@@ -395,9 +505,9 @@ async def measure_failover(system: System, args: argparse.Namespace,
     """Longest gap between successful writes around a leader SIGKILL, once per round."""
     gaps = []
     loop = asyncio.get_running_loop()
-    async with new_session() as session:
+    async with new_session(system) as session:
         for round_no in range(args.failover_rounds):
-            leader = await system.leader(session, 60)
+            leader = await agreed_leader(system, session, 60)
             order = [leader] + [n for n in system.names() if n != leader]
             targets = [system.client_url(n) for n in order]
             stop = asyncio.Event()
@@ -427,7 +537,7 @@ async def measure_failover(system: System, args: argparse.Namespace,
             print(f"  round {round_no + 1}: SIGKILL leader {leader}: longest gap between "
                   f"successful writes {gap * 1e3:.0f} ms{note}", flush=True)
             await asyncio.to_thread(system.restart, leader)
-            await system.leader(session, 60)
+            await agreed_leader(system, session, 60)
             await asyncio.sleep(2.0)  # let the restarted member catch up before the next round
     return gaps
 
@@ -465,7 +575,7 @@ async def run_system(make: Any, label: str, levels: list[int], args: argparse.Na
     system = None
     try:
         system = await asyncio.to_thread(make, workdir)
-        report.label = system.label
+        report.label = system.label + (" TLS" if system.ssl_context else "")
         report.throughput = await measure_throughput(system, levels, args, value)
         if args.failover_rounds > 0:
             print(f"  failover: {args.failover_clients} clients, leader SIGKILLed, "
@@ -526,6 +636,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--clients", default="1,16,64",
                    help="comma-separated concurrency levels (default 1,16,64)")
     p.add_argument("--only", choices=("etcd", "flotilla"), help="measure one system")
+    p.add_argument("--tls", action="store_true",
+                   help="mutual TLS between peers and TLS on the client port, for both")
     p.add_argument("--value-size", type=int, default=128, help="bytes per value (128)")
     p.add_argument("--failover-rounds", type=int, default=3, help="leader kills (3; 0: skip)")
     p.add_argument("--failover-clients", type=int, default=16, help="writers during kills (16)")
@@ -553,6 +665,7 @@ async def main_async(args: argparse.Namespace) -> int:
     value = os.urandom(args.value_size // 2 + 1).hex()[: args.value_size].encode()
     root = Path(tempfile.mkdtemp(prefix="flotilla-vs-etcd-"))
     reports: list[Report] = []
+    certs = Certs(root / "tls") if args.tls else None
     try:
         if args.only in (None, "etcd"):
             if not (os.path.isfile(args.etcd) and os.access(args.etcd, os.X_OK)):
@@ -561,8 +674,8 @@ async def main_async(args: argparse.Namespace) -> int:
             else:
                 (root / "etcd").mkdir()
                 reports.append(await run_system(
-                    lambda d: EtcdCluster(args.etcd, d), "etcd", args.levels, args, value,
-                    root / "etcd"))
+                    lambda d: EtcdCluster(args.etcd, d, certs=certs), "etcd", args.levels, args,
+                    value, root / "etcd"))
         if args.only in (None, "flotilla"):
             reason = flotilla_unavailable()
             if reason:
@@ -571,7 +684,7 @@ async def main_async(args: argparse.Namespace) -> int:
             else:
                 (root / "flotilla").mkdir()
                 reports.append(await run_system(
-                    lambda d: FlotillaCluster(d), "flotilla", args.levels, args, value,
+                    lambda d: FlotillaCluster(d, certs=certs), "flotilla", args.levels, args, value,
                     root / "flotilla"))
     finally:
         if args.keep:
@@ -581,7 +694,8 @@ async def main_async(args: argparse.Namespace) -> int:
     print(f"\n{args.value_size}-byte values, {args.duration:g}s per level after "
           f"{args.warmup:g}s warm-up, clients write to the leader; failover: median of "
           f"{args.failover_rounds} leader SIGKILLs under {args.failover_clients} writers "
-          f"(request timeout {args.failover_timeout:g}s)\n")
+          f"(request timeout {args.failover_timeout:g}s)"
+          + ("; mutual TLS between peers, TLS on the client port" if args.tls else "") + "\n")
     print(render(reports, args.levels))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
