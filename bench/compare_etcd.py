@@ -18,13 +18,17 @@ Measured, for each system:
 With ``--tls`` both systems run with mutual TLS between peers (each member's certificate names
 it, signed by one CA made for the run) and TLS on the client port (a server certificate, no
 client certificates), with the same certificates; the load generator then dials https,
-verifying the members against that CA, over the same keep-alive connections.
+verifying the members against that CA, over the same keep-alive connections. ``--tls both``
+measures each system plain and with TLS in one invocation; ``--passes N`` repeats everything N
+times, interleaved (the order reversed every other pass, so that a host whose speed drifts
+favours no column), and prints the medians, with every ratio taken within a pass first.
 
 Usage::
 
     .venv/bin/python bench/compare_etcd.py                       # both, default settings
     .venv/bin/python bench/compare_etcd.py --only etcd --duration 5
     .venv/bin/python bench/compare_etcd.py --tls --failover-rounds 0   # both, TLS everywhere
+    .venv/bin/python bench/compare_etcd.py --tls both --passes 3 --failover-rounds 0
     .venv/bin/python bench/compare_etcd.py --clients 1,16 --json bench/results/cmp.json
 
 etcd comes from ``apt-get install -y etcd-server`` (``--etcd PATH`` for another binary).
@@ -41,6 +45,7 @@ import contextlib
 import importlib
 import itertools
 import json
+import math
 import os
 import random
 import shutil
@@ -591,20 +596,62 @@ async def run_system(make: Any, label: str, levels: list[int], args: argparse.Na
     return report
 
 
-def render(reports: list[Report], levels: list[int]) -> str:
-    rows = list(reports[0].cells(levels)) if reports else []
-    headers = ["", *(r.label for r in reports)]
-    ratio = len(reports) == 2 and reports[0].label.startswith("etcd")
-    if ratio:
-        headers.append("flotilla/etcd")
+Runs = dict[tuple[str, str], list[Report]]  # (system, mode) -> one report per pass
+
+
+def _median(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None and not math.isnan(v)]
+    return statistics.median(known) if known else None
+
+
+def _ratios(num: list[Report], den: list[Report], row: str, levels: list[int]) -> list[float]:
+    """num/den in ``row``, pass by pass (the host's speed drifts: only a pass's own runs are
+    compared with each other)."""
+    out = []
+    for a, b in zip(num, den, strict=True):
+        x, y = a.cells(levels)[row], b.cells(levels)[row]
+        if x is not None and y and not (math.isnan(x) or math.isnan(y)):
+            out.append(x / y)
+    return out
+
+
+def _label(reports: list[Report]) -> str:
+    return next((r.label for r in reports if not r.skipped), reports[0].label)
+
+
+def columns(runs: Runs, levels: list[int]) -> list[tuple[str, dict[str, float | None], bool]]:
+    """(header, row -> value, is a ratio): each system's medians per mode, Flotilla over etcd
+    per mode, and with both modes each system's TLS over plain."""
+    rows = list(Report("").cells(levels))
+    systems = list(dict.fromkeys(system for system, _ in runs))
+    modes = list(dict.fromkeys(mode for _, mode in runs))
+    out = []
+
+    def ratio(header: str, num: list[Report], den: list[Report]) -> None:
+        out.append((header, {row: _median(_ratios(num, den, row, levels)) for row in rows}, True))
+
+    for mode in modes:
+        for system in systems:
+            reports = runs[system, mode]
+            out.append((_label(reports), {row: _median([r.cells(levels)[row] for r in reports])
+                                          for row in rows}, False))
+        if systems == ["etcd", "flotilla"]:
+            ratio("flotilla/etcd" + (" TLS" if mode == "tls" else ""),
+                  runs["flotilla", mode], runs["etcd", mode])
+    if modes == ["plain", "tls"]:
+        for system in systems:
+            ratio(f"{system} TLS/plain", runs[system, "tls"], runs[system, "plain"])
+    return out
+
+
+def render(runs: Runs, levels: list[int]) -> str:
+    cols = columns(runs, levels)
+    rows = list(cols[0][1]) if cols else []
+    headers = ["", *(header for header, _, _ in cols)]
     table = [headers]
     for row in rows:
-        values = [r.cells(levels)[row] for r in reports]
-        line = [row, *(_fmt(v) for v in values)]
-        if ratio:
-            etcd, flo = values
-            line.append(f"{flo / etcd:.2f}" if etcd and flo is not None else "n/a")
-        table.append(line)
+        table.append([row, *(("n/a" if values[row] is None else f"{values[row]:.2f}")
+                             if is_ratio else _fmt(values[row]) for _, values, is_ratio in cols)])
     widths = [max(len(r[i]) for r in table) for i in range(len(headers))]
     out = []
     for n, line in enumerate(table):
@@ -612,13 +659,44 @@ def render(reports: list[Report], levels: list[int]) -> str:
                              for i, (c, w) in enumerate(zip(line, widths, strict=True))))
         if n == 0:
             out.append("  ".join("-" * w for w in widths))
-    for r in reports:
-        if r.skipped:
-            out.append(f"{r.label}: not (fully) measured: {r.skipped}")
-        if r.gaps:
-            out.append(f"{r.label} failover gaps, ms: "
-                       + ", ".join(f"{g * 1e3:.0f}" for g in r.gaps))
+    for reports in runs.values():
+        label = _label(reports)
+        for n, r in enumerate(reports):
+            if r.skipped:
+                where = f" (pass {n + 1})" if len(reports) > 1 else ""
+                out.append(f"{label}{where}: not (fully) measured: {r.skipped}")
+        gaps = [g for r in reports for g in r.gaps]
+        if gaps:
+            out.append(f"{label} failover gaps, ms: " + ", ".join(f"{g * 1e3:.0f}" for g in gaps))
+    out += goals(runs, levels)
     return "\n".join(out)
+
+
+def goals(runs: Runs, levels: list[int]) -> list[str]:
+    """What TLS costs at the highest concurrency, pass by pass: each system's TLS/plain
+    writes/s, and Flotilla's ratio to etcd with TLS over that ratio without."""
+    if ("flotilla", "tls") not in runs or ("flotilla", "plain") not in runs:
+        return []
+    k = max(levels)
+    row = f"writes/s, {k} client{'s' if k > 1 else ''}"
+
+    def line(what: str, values: list[float], goal: float) -> str:
+        median = _median(list(values))
+        shown = ", ".join(f"{v:.2f}" for v in values) or "n/a"
+        verdict = "" if median is None else " (met)" if median >= goal else " (missed)"
+        return (f"{what}: {shown}; median {'n/a' if median is None else f'{median:.2f}'}, "
+                f"goal at least {goal:.2f}{verdict}")
+
+    flo = _ratios(runs["flotilla", "tls"], runs["flotilla", "plain"], row, levels)
+    out = ["", f"TLS at {k} clients, pass by pass:",
+           line("  flotilla TLS/plain writes/s", flo, 0.85)]
+    if ("etcd", "tls") in runs:
+        etcd = _ratios(runs["etcd", "tls"], runs["etcd", "plain"], row, levels)
+        out.append("  etcd TLS/plain writes/s: " + (", ".join(f"{v:.2f}" for v in etcd) or "n/a"))
+        if len(flo) == len(etcd):
+            out.append(line("  flotilla/etcd with TLS over flotilla/etcd without",
+                            [f / e for f, e in zip(flo, etcd, strict=True)], 1.0))
+    return out
 
 
 def _fmt(v: float | None) -> str:
@@ -636,8 +714,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--clients", default="1,16,64",
                    help="comma-separated concurrency levels (default 1,16,64)")
     p.add_argument("--only", choices=("etcd", "flotilla"), help="measure one system")
-    p.add_argument("--tls", action="store_true",
-                   help="mutual TLS between peers and TLS on the client port, for both")
+    p.add_argument("--tls", nargs="?", const="on", default="off", choices=("off", "on", "both"),
+                   help="mutual TLS between peers and TLS on the client port, for both systems "
+                        "(--tls, or --tls on); --tls both: plain and TLS in one invocation")
+    p.add_argument("--passes", type=int, default=1,
+                   help="measure everything this many times, interleaved; medians (1)")
     p.add_argument("--value-size", type=int, default=128, help="bytes per value (128)")
     p.add_argument("--failover-rounds", type=int, default=3, help="leader kills (3; 0: skip)")
     p.add_argument("--failover-clients", type=int, default=16, help="writers during kills (16)")
@@ -658,51 +739,72 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--clients wants comma-separated integers, got {args.clients!r}")
     if not args.levels or min(args.levels) < 1:
         p.error("--clients needs at least one level >= 1")
+    if args.passes < 1:
+        p.error("--passes needs at least 1")
+    args.modes = {"off": ["plain"], "on": ["tls"], "both": ["plain", "tls"]}[args.tls]
     return args
 
 
 async def main_async(args: argparse.Namespace) -> int:
     value = os.urandom(args.value_size // 2 + 1).hex()[: args.value_size].encode()
     root = Path(tempfile.mkdtemp(prefix="flotilla-vs-etcd-"))
-    reports: list[Report] = []
-    certs = Certs(root / "tls") if args.tls else None
+    certs = Certs(root / "tls") if "tls" in args.modes else None
+    systems = [s for s in ("etcd", "flotilla") if args.only in (None, s)]
+    unavailable = {}
+    if "etcd" in systems and not (os.path.isfile(args.etcd) and os.access(args.etcd, os.X_OK)):
+        unavailable["etcd"] = (f"no etcd binary at {args.etcd}; apt-get install -y "
+                               "etcd-server, or pass --etcd PATH")
+    if "flotilla" in systems and (reason := flotilla_unavailable()):
+        print(f"\n== flotilla: NOT MEASURED: {reason}", flush=True)
+        unavailable["flotilla"] = reason
+    configs = [(system, mode) for system in systems for mode in args.modes]
+    runs: Runs = {config: [] for config in configs}
     try:
-        if args.only in (None, "etcd"):
-            if not (os.path.isfile(args.etcd) and os.access(args.etcd, os.X_OK)):
-                reports.append(Report("etcd", skipped=f"no etcd binary at {args.etcd}; "
-                                      "apt-get install -y etcd-server, or pass --etcd PATH"))
-            else:
-                (root / "etcd").mkdir()
-                reports.append(await run_system(
-                    lambda d: EtcdCluster(args.etcd, d, certs=certs), "etcd", args.levels, args,
-                    value, root / "etcd"))
-        if args.only in (None, "flotilla"):
-            reason = flotilla_unavailable()
-            if reason:
-                print(f"\n== flotilla: NOT MEASURED: {reason}", flush=True)
-                reports.append(Report("flotilla", skipped=reason))
-            else:
-                (root / "flotilla").mkdir()
-                reports.append(await run_system(
-                    lambda d: FlotillaCluster(d, certs=certs), "flotilla", args.levels, args, value,
-                    root / "flotilla"))
+        for n in range(args.passes):
+            if args.passes > 1:
+                print(f"\n==== pass {n + 1} of {args.passes}", flush=True)
+            for system, mode in configs if n % 2 == 0 else configs[::-1]:
+                label = system + (" TLS" if mode == "tls" else "")
+                if system in unavailable:
+                    runs[system, mode].append(Report(label, skipped=unavailable[system]))
+                    continue
+                tls = certs if mode == "tls" else None
+                workdir = root / f"{system}-{mode}-{n + 1}"
+                workdir.mkdir()
+                if system == "etcd":
+                    def make(d: Path, tls: Certs | None = tls) -> System:
+                        return EtcdCluster(args.etcd, d, certs=tls)
+                else:
+                    def make(d: Path, tls: Certs | None = tls) -> System:
+                        return FlotillaCluster(d, certs=tls)
+                runs[system, mode].append(
+                    await run_system(make, label, args.levels, args, value, workdir))
     finally:
         if args.keep:
             print(f"\ndata and logs kept in {root}")
         else:
             shutil.rmtree(root, ignore_errors=True)
+    tls = {"plain": "", "tls": "; mutual TLS between peers, TLS on the client port",
+           "both": "; plain, and with mutual TLS between peers and TLS on the client port"}
+    passes = (f"; medians of {args.passes} interleaved passes (ratios: the median of each "
+              "pass's ratio)" if args.passes > 1 else "")
     print(f"\n{args.value_size}-byte values, {args.duration:g}s per level after "
           f"{args.warmup:g}s warm-up, clients write to the leader; failover: median of "
           f"{args.failover_rounds} leader SIGKILLs under {args.failover_clients} writers "
           f"(request timeout {args.failover_timeout:g}s)"
-          + ("; mutual TLS between peers, TLS on the client port" if args.tls else "") + "\n")
-    print(render(reports, args.levels))
+          f"{tls['both' if len(args.modes) == 2 else args.modes[0]]}{passes}\n")
+    print(render(runs, args.levels))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(
-            {r.label: {"skipped": r.skipped, "gaps_s": r.gaps, **r.cells(args.levels)}
-             for r in reports}, indent=2))
-    measured = [r for r in reports if not r.skipped]
+        args.json.write_text(json.dumps({
+            "passes": args.passes,
+            "columns": {header: values for header, values, _ in columns(runs, args.levels)},
+            "runs": [{"system": system, "mode": mode, "pass": n + 1, "label": r.label,
+                      "skipped": r.skipped, "gaps_s": r.gaps, **r.cells(args.levels)}
+                     for (system, mode), reports in runs.items()
+                     for n, r in enumerate(reports)],
+        }, indent=2))
+    measured = [r for reports in runs.values() for r in reports if not r.skipped]
     return 0 if measured else 1
 
 
