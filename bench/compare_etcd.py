@@ -9,7 +9,9 @@ Measured, for each system:
 * write throughput and latency: K concurrent clients (``--clients 1,16,64``), each sending one
   write at a time to the leader over a persistent connection for ``--duration`` seconds after
   ``--warmup``. etcd is written through its v3 JSON gateway (``POST /v3/kv/put``, base64 key
-  and value), Flotilla through ``PUT /v1/kv/{key}``; the values are the same bytes.
+  and value), Flotilla through ``PUT /v1/kv/{key}``; the values are the same bytes. The
+  leader's CPU time (user + system, from /proc) per acknowledged write is reported too: unlike
+  writes/s it hardly depends on what else the host is running.
 * the leader-failover window: under a steady 16-client write load the leader is SIGKILLed, and
   the longest gap between two successful writes (any client) is measured; clients that fail or
   time out (``--failover-timeout``) move on to the next member. Repeated ``--failover-rounds``
@@ -121,6 +123,8 @@ class System(Protocol):
 
     def running(self, name: str) -> bool: ...
 
+    def pid(self, name: str) -> int | None: ...
+
     def client_url(self, name: str) -> str: ...
 
     def write_request(self, key: str, value: bytes) -> tuple[str, str, bytes, dict[str, str]]:
@@ -198,6 +202,9 @@ class EtcdCluster:
 
     def running(self, name: str) -> bool:
         return self._procs[name].poll() is None
+
+    def pid(self, name: str) -> int | None:
+        return self._procs[name].pid
 
     def client_url(self, name: str) -> str:
         return self._client[name]
@@ -297,6 +304,9 @@ class FlotillaCluster:
     def running(self, name: str) -> bool:
         return self.nodes[name].running
 
+    def pid(self, name: str) -> int | None:
+        return self.nodes[name].pid
+
     def client_url(self, name: str) -> str:
         return self._client[name]
 
@@ -377,6 +387,7 @@ class LoadResult:
     latencies: list[float] = field(default_factory=list)  # seconds, writes started in window
     successes: list[float] = field(default_factory=list)  # completion times of every success
     fsyncs: float | None = None  # the leader's log fsyncs during the whole run, if known
+    leader_cpu: float | None = None  # the leader's CPU seconds during the whole run, if known
     cpu_seconds: float = 0.0  # this process's CPU time during the run
     wall_seconds: float = 0.0  # the whole run, warm-up included
 
@@ -384,6 +395,12 @@ class LoadResult:
     def cpu_share(self) -> float:
         """The load generator's CPU use, as a fraction of one core."""
         return self.cpu_seconds / self.wall_seconds if self.wall_seconds else 0.0
+
+    @property
+    def leader_cpu_per_write(self) -> float | None:
+        """The leader's CPU seconds per acknowledged write (warm-up included in both)."""
+        return self.leader_cpu / len(self.successes) if self.leader_cpu and self.successes \
+            else None
 
     @property
     def rate(self) -> float:
@@ -477,6 +494,15 @@ async def fsync_count(session: aiohttp.ClientSession, url: str, metric: str) -> 
     return None
 
 
+def process_cpu(pid: int | None) -> float | None:
+    """User + system CPU seconds of process ``pid`` so far (Linux /proc), or None."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 async def measure_throughput(system: System, levels: list[int], args: argparse.Namespace,
                              value: bytes) -> dict[int, LoadResult]:
     results = {}
@@ -489,18 +515,24 @@ async def measure_throughput(system: System, levels: list[int], args: argparse.N
             leader = await agreed_leader(system, session, 30)
             url = system.client_url(leader)
             before = await fsync_count(session, url, system.fsync_metric)
+            cpu_before = process_cpu(system.pid(leader))
             r = await drive(system, session, [url], k,
                             duration=args.duration, warmup=args.warmup, value=value,
                             timeout=10.0)
+            cpu_after = process_cpu(system.pid(leader))
             after = await fsync_count(session, url, system.fsync_metric)
             per_fsync = ""
             if before is not None and after is not None and after > before:
                 r.fsyncs = after - before
                 per_fsync = f", {len(r.successes) / r.fsyncs:.1f} writes per leader fsync"
+            if cpu_before is not None and cpu_after is not None:
+                r.leader_cpu = cpu_after - cpu_before
+            per_write = r.leader_cpu_per_write
+            leader_cpu = f", leader CPU {per_write * 1e6:.0f} us/write" if per_write else ""
             print(f"  {k:>3} client{'s' if k > 1 else ' '} -> {leader}: {r.rate:8.0f} writes/s, "
                   f"p50 {r.percentile(50) * 1e3:7.2f} ms, p99 {r.percentile(99) * 1e3:7.2f} ms, "
-                  f"{r.errors} errors{per_fsync}, load generator CPU {r.cpu_share:.0%} of a core",
-                  flush=True)
+                  f"{r.errors} errors{per_fsync}{leader_cpu}, load generator CPU "
+                  f"{r.cpu_share:.0%} of a core", flush=True)
             results[k] = r
     return results
 
@@ -566,6 +598,8 @@ class Report:
             out[f"writes/s, {clients}"] = r.rate if r else None
             out[f"p50 ms, {clients}"] = r.percentile(50) * 1e3 if r else None
             out[f"p99 ms, {clients}"] = r.percentile(99) * 1e3 if r else None
+            per_write = r.leader_cpu_per_write if r else None
+            out[f"leader CPU us/write, {clients}"] = per_write * 1e6 if per_write else None
         out["failover gap ms (median)"] = (statistics.median(self.gaps) * 1e3
                                            if self.gaps else None)
         return out
