@@ -730,6 +730,12 @@ def goals(runs: Runs, levels: list[int]) -> list[str]:
         if len(flo) == len(etcd):
             out.append(line("  flotilla/etcd with TLS over flotilla/etcd without",
                             [f / e for f, e in zip(flo, etcd, strict=True)], 1.0))
+    cpu = f"leader CPU us/write, {k} client{'s' if k > 1 else ''}"
+    for system in ("flotilla", "etcd"):
+        if (system, "tls") in runs:
+            ratios = _ratios(runs[system, "tls"], runs[system, "plain"], cpu, levels)
+            out.append(f"  {system} TLS/plain leader CPU per write: "
+                       + (", ".join(f"{v:.2f}" for v in ratios) or "n/a"))
     return out
 
 
