@@ -4,7 +4,7 @@
 Layers, bottom up: `Archive` (protocol.py), an immutable-object store with two backends,
 `S3Archive` (s3.py) and `FileArchive` (filesystem.py), picked by `open_archive(url)`; the key
 layout (layout.py), the segment format (segments.py), the manifest (manifest.py) and its
-MAC (signing.py);
+MAC (signing.py); S3 server-side encryption options (sse.py);
 `ClusterArchive` (cluster.py), one cluster's archive as the node uses it; restore planning
 with its fallback to older snapshots (restore.py); and the resolution of a time to an index
 from a manifest (timeindex.py). Every call blocks and is thread-safe: the node runs them on
@@ -25,6 +25,7 @@ from .protocol import Archive, ArchiveSettings, ObjectInfo
 from .restore import PreparedRestore, RestorePlan, list_clusters, resolve_cluster_id
 from .segments import decode_segment, encode_segment, read_segment_header
 from .signing import ManifestKeys, ManifestNotAuthentic, SigningKey
+from .sse import S3Encryption
 from .timeindex import (
     TimeOutsideArchive,
     TimeRange,
@@ -54,6 +55,7 @@ __all__ = [
     "PreparedRestore",
     "RestorePlan",
     "RetentionResult",
+    "S3Encryption",
     "SegmentRecord",
     "SigningKey",
     "SnapshotRecord",
