@@ -15,6 +15,7 @@ from .cluster import ClusterArchive, RetentionResult
 from .errors import (
     ArchiveConflict,
     ArchiveCorrupt,
+    ArchiveDiverged,
     ArchiveError,
     ArchiveNotFound,
     ArchiveUnavailable,
@@ -42,6 +43,7 @@ __all__ = [
     "Archive",
     "ArchiveConflict",
     "ArchiveCorrupt",
+    "ArchiveDiverged",
     "ArchiveError",
     "ArchiveNotFound",
     "ArchiveSettings",

@@ -501,6 +501,18 @@ class ClusterArchive:
             )
         return meta
 
+    def last_archived_term(self, manifest: Manifest) -> int | None:
+        """The term the archive records for its last archived entry (`last_archived_index`):
+        that of the last entry of the raw segment ending there (read and verified), else of the
+        snapshot there. None when nothing is archived. What a leader that takes over archiving
+        compares with its own log (archiver.py)."""
+        index = manifest.last_archived_index
+        ending = [s for s in manifest.raw_segments if s.last == index]
+        if ending:
+            return self.read_segment(ending[-1])[-1].term
+        at = [s for s in manifest.snapshots if s.index == index]
+        return at[-1].term if index and at else None
+
     def read_segment(self, segment: SegmentRecord) -> list[Entry]:
         """The entries of one archived segment, verified (SHA-256 and every record CRC); of a
         compacted one, the entries it keeps."""
