@@ -100,3 +100,14 @@ def test_bad_key_or_encryption_flags_exit_2_in_one_line(tmp_path, flags, says):
                     *[flag.format(short=short) for flag in flags])
     assert done.returncode == 2, done.stderr
     assert says in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_the_keys_never_travel_into_a_task():
+    import pickle
+
+    from flotilla.node.archive import S3Encryption
+
+    ref = ArchiveRef("s3://b/p", "old", "http://e", "r", S3Encryption("AES256"), keys=KEY)
+    shipped = pickle.loads(pickle.dumps(ref))
+    assert shipped == ref and shipped.encryption == S3Encryption("AES256")
+    assert shipped.keys is None and SECRET not in pickle.dumps(ref)
