@@ -354,11 +354,13 @@ class LocalCluster:
         restore_index: int | None = None,
         restore_time: int | None = None,
         restore_cluster_id: str | None = None,
+        signing_key_file: str | None = None,
     ) -> LocalCluster:
         """Write the state file of a new cluster (nothing is started). ``archive`` None means
         the default archive under ``root``; ``base_port`` pins ports (peers at base+i, clients
         at base+10+i) instead of picking free ones. ``restore_time`` is in ms since the
-        epoch."""
+        epoch. ``signing_key_file`` (absolute paths, see `signing_keys`) goes to every
+        member."""
         if not 1 <= replicas <= (10 if base_port else 99):
             raise LocalClusterError(f"--replicas must be between 1 and "
                                     f"{10 if base_port else 99}, not {replicas}")
@@ -402,6 +404,8 @@ class LocalCluster:
             ]
             if archive_passed:
                 args += ["--archive", archive]
+            if signing_key_file:
+                args += ["--archive-signing-key-file", signing_key_file]
             if restore_from:  # only read on the first start, when the data dir is empty
                 args += ["--restore-from", restore_from]
                 if restore_cluster_id is not None:
@@ -721,6 +725,7 @@ def up(
     restore_index: int | None = None,
     restore_time: int | None = None,
     restore_cluster_id: str | None = None,
+    signing_key_file: str | None = None,
 ) -> tuple[LocalCluster, str]:
     """Start the cluster in ``root`` (a new one, or the stopped one recorded there) and return
     it with its leader's name once a leader serves a linearizable read.
@@ -731,7 +736,8 @@ def up(
     ``restore_time``, ms since the epoch) has its target checked before any member starts:
     ``OutsideArchive`` when the archive cannot give it. ``restore_cluster_id`` picks the
     archived cluster when the archive holds several. ``cluster.restored`` says what it
-    restored.
+    restored. ``signing_key_file`` (`--archive-signing-key-file`, else its environment
+    variable) signs and verifies archive manifests, the restore's included.
     """
     if restore_index is not None and restore_time is not None:
         raise BadOption("give --restore-index or --restore-time, not both: each picks the "
@@ -742,19 +748,37 @@ def up(
              if value is not None]
     if given and restore_from is None:
         raise BadOption(f"{given[0]} needs --restore-from: the archive to restore from")
+    signing_key_file = signing_keys(signing_key_file)
     with locked(root):
         return _up(Path(root), replicas, election_timeout_ms=election_timeout_ms,
                    heartbeat_ms=heartbeat_ms, archive=archive, base_port=base_port,
                    timeout=timeout, say=say, restore_from=restore_from,
                    restore_index=restore_index, restore_time=restore_time,
-                   restore_cluster_id=restore_cluster_id)
+                   restore_cluster_id=restore_cluster_id, signing_key_file=signing_key_file)
+
+
+def signing_keys(text: str | None) -> str | None:
+    """`--archive-signing-key-file` (else `FLOTILLA_ARCHIVE_SIGNING_KEY_FILE`) with every path
+    made absolute (members run in the cluster directory), once its keys are known to load:
+    BadOption (exit 2) otherwise."""
+    from flotilla.node.archive import ManifestKeys
+
+    text = text or os.environ.get("FLOTILLA_ARCHIVE_SIGNING_KEY_FILE") or None
+    if text is None:
+        return None
+    try:
+        ManifestKeys.parse(text)
+    except ValueError as exc:
+        raise BadOption(f"--archive-signing-key-file: {exc}") from None
+    return ",".join(str(Path(part.strip()).resolve()) for part in text.split(","))
 
 
 def _up(root: Path, replicas: int, *, election_timeout_ms: int, heartbeat_ms: int,
         archive: str | None, base_port: int | None, timeout: float,
         say: Callable[[str], None], restore_from: str | None = None,
         restore_index: int | None = None, restore_time: int | None = None,
-        restore_cluster_id: str | None = None) -> tuple[LocalCluster, str]:
+        restore_cluster_id: str | None = None,
+        signing_key_file: str | None = None) -> tuple[LocalCluster, str]:
     if LocalCluster.exists(root):
         cluster = LocalCluster.load(root)
         running = cluster.alive()
@@ -778,13 +802,15 @@ def _up(root: Path, replicas: int, *, election_timeout_ms: int, heartbeat_ms: in
     target = None
     if restore_from is not None:
         restore_from = archive_url(restore_from, "--restore-from")
-        target = check_restore(restore_from, restore_index, restore_time, restore_cluster_id)
+        target = check_restore(restore_from, restore_index, restore_time, restore_cluster_id,
+                               signing_key_file)
     for attempt in range(3):
         cluster = LocalCluster.create(root, replicas, election_timeout_ms=election_timeout_ms,
                                       heartbeat_ms=heartbeat_ms, archive=archive,
                                       base_port=base_port, restore_from=restore_from,
                                       restore_index=restore_index, restore_time=restore_time,
-                                      restore_cluster_id=restore_cluster_id)
+                                      restore_cluster_id=restore_cluster_id,
+                                      signing_key_file=signing_key_file)
         cluster.restored = target
         try:
             cluster.start()
@@ -807,13 +833,14 @@ def _up(root: Path, replicas: int, *, election_timeout_ms: int, heartbeat_ms: in
 
 
 def check_restore(url: str, index: int | None = None, ts_ms: int | None = None,
-                  cluster_id: str | None = None) -> RestoreTarget:
+                  cluster_id: str | None = None,
+                  signing_key_file: str | None = None) -> RestoreTarget:
     """Settle a restore from ``url`` exactly as each member will (the node's own
     `flotilla.node.restore.settle`): ``cluster_id``, or the only cluster there, and
     ``index``, the index ``ts_ms`` resolves to, or the newest. Raises OutsideArchive for a
     target the archive cannot give, LocalClusterError when the archive cannot be read or
     holds no cluster."""
-    from flotilla.node.archive import ArchiveError, open_archive
+    from flotilla.node.archive import ArchiveError, ManifestKeys, open_archive
     from flotilla.node.restore import OutsideArchive as NodeOutside
     from flotilla.node.restore import settle
 
@@ -822,8 +849,9 @@ def check_restore(url: str, index: int | None = None, ts_ms: int | None = None,
     except (ArchiveError, ValueError) as exc:
         raise LocalClusterError(f"cannot restore from {url}: {exc}") from None
     try:
+        keys = ManifestKeys.parse(signing_key_file) if signing_key_file else None
         source = settle(archive, cluster_id=cluster_id, excluding=None, index=index,
-                        ts_ms=ts_ms)
+                        ts_ms=ts_ms, keys=keys)
     except NodeOutside as exc:
         raise OutsideArchive(f"cannot restore: {exc}") from None
     except ArchiveError as exc:
