@@ -41,6 +41,7 @@ from flotilla.node.archive import (
     ArchiveSettings,
     ClusterArchive,
     Manifest,
+    ManifestNotAuthentic,
     SnapshotRecord,
 )
 from flotilla.node.consensus import Role
@@ -166,7 +167,9 @@ class Archiver:
                 self.failures += 1
                 self.error = f"{type(exc).__name__}: {exc}"
                 backoff = min(MAX_BACKOFF, max(self.interval / 4, backoff * 2 or 0.5))
-                level = logging.ERROR if isinstance(exc, ArchiveDiverged) else logging.WARNING
+                # Not a passing fault: the archive is not what this cluster wrote.
+                alarming = isinstance(exc, ArchiveDiverged | ManifestNotAuthentic)
+                level = logging.ERROR if alarming else logging.WARNING
                 log.log(level, "archiving to %s failed (retrying in %.1fs): %s",
                         self.cluster.url, backoff, self.error)
             else:

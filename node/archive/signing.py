@@ -124,7 +124,8 @@ class ManifestKeys:
                 f"among the signing keys given ({held}): pass the key it was signed with too "
                 "(after a rotation, list the old key files after the new one)", key=name)
         value = found.get("value")
-        if not isinstance(value, str) or not hmac.compare_digest(value, _mac(key, document)):
+        if not isinstance(value, str) or not hmac.compare_digest(
+                value.encode("utf-8", "surrogatepass"), _mac(key, document).encode()):
             raise ManifestNotAuthentic(
                 f"{name} does not verify with signing key {key.key_id}: it was changed after "
                 "it was signed, by someone without the key (or its bytes are damaged). Do not "

@@ -135,6 +135,10 @@ def test_the_mac_covers_the_content_not_the_layout_of_the_json():
         changed = {**document, field: value}
         with pytest.raises(ManifestNotAuthentic, match="does not verify"):
             Manifest.from_json(json.dumps(changed).encode(), name="m", keys=KEY)
+    for value in ("\u00e9" * 64, "\ud800", 7):
+        garbled = {**document, "mac": {**document["mac"], "value": value}}
+        with pytest.raises(ManifestNotAuthentic, match="does not verify"):
+            Manifest.from_json(json.dumps(garbled).encode(), name="m", keys=KEY)
 
 
 def test_keys_shorter_than_16_bytes_are_refused_and_a_file_s_line_break_is_not_key(tmp_path):
