@@ -787,7 +787,8 @@ def _up(root: Path, replicas: int, *, election_timeout_ms: int, heartbeat_ms: in
                 f"a cluster is already running in {root} (members "
                 f"{', '.join(f'{n} pid {cluster.member(n).pid}' for n in running)}); "
                 f"`flotilla status --dir {root}` shows it, `flotilla down --dir {root}` stops it")
-        _resume_notes(cluster, replicas, election_timeout_ms, heartbeat_ms, archive, say)
+        _resume_notes(cluster, replicas, election_timeout_ms, heartbeat_ms, archive, say,
+                      signing_key_file)
         down = [n for n in cluster.names if n not in running]
         if running:
             say(f"{', '.join(running)} running; starting {', '.join(down)}")
@@ -875,7 +876,8 @@ def _show_restore(cluster: LocalCluster, bar: Bar) -> Callable[[], None]:
 
 
 def _resume_notes(cluster: LocalCluster, replicas: int, election_timeout_ms: int,
-                  heartbeat_ms: int, archive: str | None, say: Callable[[str], None]) -> None:
+                  heartbeat_ms: int, archive: str | None, say: Callable[[str], None],
+                  signing_key_file: str | None = None) -> None:
     """Say which options of this `up` a stopped cluster does not take: it resumes exactly as
     it first ran, and says how to start over instead."""
     root, state = cluster.root, cluster.state
@@ -889,6 +891,11 @@ def _resume_notes(cluster: LocalCluster, replicas: int, election_timeout_ms: int
             f"{state.election_timeout_ms} --heartbeat-ms {state.heartbeat_ms}); {anew}")
     if archive is not None and archive != state.archive:
         say(f"note: resuming with the original archive {state.archive}; {anew}")
+    first = cluster.members[0].args
+    flag = "--archive-signing-key-file"
+    recorded = first[first.index(flag) + 1] if flag in first else None
+    if signing_key_file != recorded:
+        say(f"note: resuming with the original {flag} ({recorded or 'none'}); {anew}")
 
 
 def _forget(cluster: LocalCluster) -> None:

@@ -55,5 +55,11 @@ def test_up_forwards_the_key_to_every_member_and_restores_only_what_verifies(tmp
         assert manifests, "the restored cluster archived nothing"
         for path in manifests:
             assert json.loads(path.read_bytes())["mac"]["key_id"] == KEY.key_ids[0], path
+        # A stopped cluster resumes with the key it first ran with, and says so if not given.
+        assert flotilla(tmp_path, "down").returncode == 0
+        again = flotilla(tmp_path, "up", *UP_FAST)
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert (f"note: resuming with the original --archive-signing-key-file "
+                f"({tmp_path / 'archive.key'})") in again.stdout, again.stdout
     finally:
         flotilla(tmp_path, "down")

@@ -111,3 +111,8 @@ def test_the_keys_never_travel_into_a_task():
     shipped = pickle.loads(pickle.dumps(ref))
     assert shipped == ref and shipped.encryption == S3Encryption("AES256")
     assert shipped.keys is None and SECRET not in pickle.dumps(ref)
+    archive = shipped.open()  # what a task opens writes encrypted
+    try:
+        assert archive.encryption == S3Encryption("AES256")
+    finally:
+        archive.close()
