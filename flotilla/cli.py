@@ -229,6 +229,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="with --restore-from: the state after the last entry stamped at "
                             "or before T, an RFC 3339 time such as 2026-11-25T17:00:00.250Z "
                             "(exit 4, naming the restorable times, when the archive has none)")
+    p.add_argument("--archive-signing-key-file", default=None, metavar="FILE[,FILE...]",
+                   help="members sign archive manifests with the key in the first file and "
+                        "verify with any (default: $FLOTILLA_ARCHIVE_SIGNING_KEY_FILE)")
     p.add_argument("--election-timeout-ms", type=_positive, default=1000,
                    help="members' election timeout (default 1000)")
     p.add_argument("--heartbeat-ms", type=_positive, default=100,
@@ -604,7 +607,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         heartbeat_ms=args.heartbeat_ms, archive=args.archive, base_port=args.base_port,
         timeout=args.timeout, say=_say, restore_from=args.restore_from,
         restore_index=args.restore_index, restore_time=args.restore_time,
-        restore_cluster_id=args.restore_cluster_id, tls=args.tls)
+        restore_cluster_id=args.restore_cluster_id, tls=args.tls,
+        signing_key_file=args.archive_signing_key_file)
     state = cluster.state
     verb = "resumed" if resuming else "started"
     _say(f"{verb} {len(cluster.members)} members in {root} (cluster id {state.cluster_id})")

@@ -440,12 +440,14 @@ class LocalCluster:
         restore_time: int | None = None,
         restore_cluster_id: str | None = None,
         tls: bool = False,
+        signing_key_file: str | None = None,
     ) -> LocalCluster:
         """Write the state file of a new cluster (nothing is started). ``archive`` None means
         the default archive under ``root``; ``base_port`` pins ports (peers at base+i, clients
         at base+10+i) instead of picking free ones. ``restore_time`` is in ms since the
         epoch. ``tls`` makes the cluster's CA and every member's certificate under DIR/tls/
-        and runs the members with TLS on both ports."""
+        and runs the members with TLS on both ports. ``signing_key_file`` (absolute paths, see
+        `signing_keys`) goes to every member."""
         if not 1 <= replicas <= (10 if base_port else 99):
             raise LocalClusterError(f"--replicas must be between 1 and "
                                     f"{10 if base_port else 99}, not {replicas}")
@@ -498,6 +500,8 @@ class LocalCluster:
             if tls:
                 issue_member_certificate(root, name)
                 args += tls_args(root, name)
+            if signing_key_file:
+                args += ["--archive-signing-key-file", signing_key_file]
             if restore_from:  # only read on the first start, when the data dir is empty
                 args += ["--restore-from", restore_from]
                 if restore_cluster_id is not None:
@@ -848,6 +852,7 @@ def up(
     restore_time: int | None = None,
     restore_cluster_id: str | None = None,
     tls: bool = False,
+    signing_key_file: str | None = None,
 ) -> tuple[LocalCluster, str]:
     """Start the cluster in ``root`` (a new one, or the stopped one recorded there) and return
     it with its leader's name once a leader serves a linearizable read. A new cluster with
@@ -859,7 +864,8 @@ def up(
     ``restore_time``, ms since the epoch) has its target checked before any member starts:
     ``OutsideArchive`` when the archive cannot give it. ``restore_cluster_id`` picks the
     archived cluster when the archive holds several. ``cluster.restored`` says what it
-    restored.
+    restored. ``signing_key_file`` (`--archive-signing-key-file`, else its environment
+    variable) signs and verifies archive manifests, the restore's included.
     """
     if restore_index is not None and restore_time is not None:
         raise BadOption("give --restore-index or --restore-time, not both: each picks the "
@@ -870,12 +876,30 @@ def up(
              if value is not None]
     if given and restore_from is None:
         raise BadOption(f"{given[0]} needs --restore-from: the archive to restore from")
+    signing_key_file = signing_keys(signing_key_file)
     with locked(root):
         return _up(Path(root), replicas, election_timeout_ms=election_timeout_ms,
                    heartbeat_ms=heartbeat_ms, archive=archive, base_port=base_port,
                    timeout=timeout, say=say, restore_from=restore_from,
                    restore_index=restore_index, restore_time=restore_time,
-                   restore_cluster_id=restore_cluster_id, tls=tls)
+                   restore_cluster_id=restore_cluster_id, tls=tls,
+                   signing_key_file=signing_key_file)
+
+
+def signing_keys(text: str | None) -> str | None:
+    """`--archive-signing-key-file` (else `FLOTILLA_ARCHIVE_SIGNING_KEY_FILE`) with every path
+    made absolute (members run in the cluster directory), once its keys are known to load:
+    BadOption (exit 2) otherwise."""
+    from flotilla.node.archive import ManifestKeys
+
+    text = text or os.environ.get("FLOTILLA_ARCHIVE_SIGNING_KEY_FILE") or None
+    if text is None:
+        return None
+    try:
+        ManifestKeys.parse(text)
+    except ValueError as exc:
+        raise BadOption(f"--archive-signing-key-file: {exc}") from None
+    return ",".join(str(Path(part.strip()).resolve()) for part in text.split(","))
 
 
 def _up(root: Path, replicas: int, *, election_timeout_ms: int, heartbeat_ms: int,
@@ -883,7 +907,8 @@ def _up(root: Path, replicas: int, *, election_timeout_ms: int, heartbeat_ms: in
         say: Callable[[str], None], restore_from: str | None = None,
         restore_index: int | None = None, restore_time: int | None = None,
         restore_cluster_id: str | None = None,
-        tls: bool = False) -> tuple[LocalCluster, str]:
+        tls: bool = False,
+        signing_key_file: str | None = None) -> tuple[LocalCluster, str]:
     if LocalCluster.exists(root):
         cluster = LocalCluster.load(root)
         running = cluster.alive()
@@ -892,7 +917,8 @@ def _up(root: Path, replicas: int, *, election_timeout_ms: int, heartbeat_ms: in
                 f"a cluster is already running in {root} (members "
                 f"{', '.join(f'{n} pid {cluster.member(n).pid}' for n in running)}); "
                 f"`flotilla status --dir {root}` shows it, `flotilla down --dir {root}` stops it")
-        _resume_notes(cluster, replicas, election_timeout_ms, heartbeat_ms, archive, tls, say)
+        _resume_notes(cluster, replicas, election_timeout_ms, heartbeat_ms, archive, tls, say,
+                      signing_key_file)
         down = [n for n in cluster.names if n not in running]
         if running:
             say(f"{', '.join(running)} running; starting {', '.join(down)}")
@@ -910,13 +936,16 @@ def _up(root: Path, replicas: int, *, election_timeout_ms: int, heartbeat_ms: in
     target = None
     if restore_from is not None:
         restore_from = archive_url(restore_from, "--restore-from")
-        target = check_restore(restore_from, restore_index, restore_time, restore_cluster_id)
+        target = check_restore(restore_from, restore_index, restore_time, restore_cluster_id,
+                               signing_key_file)
     for attempt in range(3):
         cluster = LocalCluster.create(root, replicas, election_timeout_ms=election_timeout_ms,
                                       heartbeat_ms=heartbeat_ms, archive=archive,
                                       base_port=base_port, restore_from=restore_from,
                                       restore_index=restore_index, restore_time=restore_time,
-                                      restore_cluster_id=restore_cluster_id, tls=tls)
+                                      restore_cluster_id=restore_cluster_id,
+                                      tls=tls,
+                                      signing_key_file=signing_key_file)
         cluster.restored = target
         try:
             cluster.start()
@@ -939,13 +968,14 @@ def _up(root: Path, replicas: int, *, election_timeout_ms: int, heartbeat_ms: in
 
 
 def check_restore(url: str, index: int | None = None, ts_ms: int | None = None,
-                  cluster_id: str | None = None) -> RestoreTarget:
+                  cluster_id: str | None = None,
+                  signing_key_file: str | None = None) -> RestoreTarget:
     """Settle a restore from ``url`` exactly as each member will (the node's own
     `flotilla.node.restore.settle`): ``cluster_id``, or the only cluster there, and
     ``index``, the index ``ts_ms`` resolves to, or the newest. Raises OutsideArchive for a
     target the archive cannot give, LocalClusterError when the archive cannot be read or
     holds no cluster."""
-    from flotilla.node.archive import ArchiveError, open_archive
+    from flotilla.node.archive import ArchiveError, ManifestKeys, open_archive
     from flotilla.node.restore import OutsideArchive as NodeOutside
     from flotilla.node.restore import settle
 
@@ -954,8 +984,9 @@ def check_restore(url: str, index: int | None = None, ts_ms: int | None = None,
     except (ArchiveError, ValueError) as exc:
         raise LocalClusterError(f"cannot restore from {url}: {exc}") from None
     try:
+        keys = ManifestKeys.parse(signing_key_file) if signing_key_file else None
         source = settle(archive, cluster_id=cluster_id, excluding=None, index=index,
-                        ts_ms=ts_ms)
+                        ts_ms=ts_ms, keys=keys)
     except NodeOutside as exc:
         raise OutsideArchive(f"cannot restore: {exc}") from None
     except ArchiveError as exc:
@@ -980,7 +1011,7 @@ def _show_restore(cluster: LocalCluster, bar: Bar) -> Callable[[], None]:
 
 def _resume_notes(cluster: LocalCluster, replicas: int, election_timeout_ms: int,
                   heartbeat_ms: int, archive: str | None, tls: bool,
-                  say: Callable[[str], None]) -> None:
+                  say: Callable[[str], None], signing_key_file: str | None = None) -> None:
     """Say which options of this `up` a stopped cluster does not take: it resumes exactly as
     it first ran, and says how to start over instead."""
     root, state = cluster.root, cluster.state
@@ -997,6 +1028,11 @@ def _resume_notes(cluster: LocalCluster, replicas: int, election_timeout_ms: int
     if tls and not state.tls:
         say(f"note: {root} holds a cluster started without TLS; resuming it as it was "
             f"(plain http://); {anew}")
+    first = cluster.members[0].args
+    flag = "--archive-signing-key-file"
+    recorded = first[first.index(flag) + 1] if flag in first else None
+    if signing_key_file != recorded:
+        say(f"note: resuming with the original {flag} ({recorded or 'none'}); {anew}")
 
 
 def _forget(cluster: LocalCluster) -> None:

@@ -185,6 +185,10 @@ def _joining_member(cluster: LocalCluster, name: str, peer: int, client: int) ->
     ]
     if state.archive_passed and state.archive:
         args += ["--archive", state.archive]
+    first = state.members[0].args if state.members else []
+    flag = "--archive-signing-key-file"
+    if flag in first:  # it signs what it archives once it leads, as the others do
+        args += [flag, first[first.index(flag) + 1]]
     if state.tls:
         issue_member_certificate(cluster.root, name)
         args += tls_args(cluster.root, name)

@@ -1,9 +1,20 @@
 """The leader's archiver: ships every snapshot and every committed entry to the archive.
 
 Only the leader ships. On taking office it reads the newest manifest and resumes after the
-last archived index, so a new leader neither repeats nor skips what an old one shipped. A round
-(every `--archive-interval-ms`, or at once when a snapshot is taken or a full segment of
-committed entries is waiting):
+last archived index, so a new leader neither repeats nor skips what an old one shipped.
+
+Before it ships anything it checks that the archive holds this cluster's history: the term the
+archive records for its last archived entry must be the term its own log holds at that index
+(Log Matching: then every entry before it agrees too). A mismatch, or an archive that runs past
+its log, means the archive holds entries this cluster never committed (forged, or another
+cluster's under the same id): it ships nothing, logs an ERROR naming the index and both terms,
+and reports it in `/v1/status` (and `flotilla_archive_errors_total`) until that is resolved.
+The check waits until the leader has committed an entry of its own term: before that, a
+deposed leader that has not heard of its successor could take the newer archive for a foreign
+one.
+
+A round (every `--archive-interval-ms`, or at once when a snapshot is taken or a full segment
+of committed entries is waiting):
 
 1. a snapshot newer than the archive's newest is uploaded, a manifest published, and old
    snapshots and the segments only they needed are trimmed (`--archive-keep-snapshots`);
@@ -25,10 +36,12 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from flotilla.node.archive import (
+    ArchiveDiverged,
     ArchiveError,
     ArchiveSettings,
     ClusterArchive,
     Manifest,
+    ManifestNotAuthentic,
     SnapshotRecord,
 )
 from flotilla.node.consensus import Role
@@ -59,6 +72,9 @@ class Archiver:
         self.uploads = {"snapshot": 0, "segment": 0}
         self.failures = 0
         self._resumed_term: int | None = None  # the term whose leader read the manifest
+        # The index of the archive's last entry when it was found not to be this cluster's:
+        # the log keeps it, so that every later check (after a restart too) can compare it.
+        self._diverged_at: int | None = None
         self._wakeup = asyncio.Event()
         self._busy = asyncio.Lock()  # one round at a time: the loop's or a requested one
         self._task: asyncio.Task | None = None
@@ -87,10 +103,13 @@ class Archiver:
             self._wakeup.set()
 
     def retain_after(self) -> int | None:
-        """The highest index the log may forget: entries after it are not archived yet. None
-        when this member does not ship (it is not the leader)."""
-        if self._resumed_term is None or self.node.core.role is not Role.LEADER:
+        """The highest index the log may forget: entries after it are not archived yet (or,
+        while the archive is not this cluster's history, the entry that shows it). None when
+        this member does not ship (it is not the leader)."""
+        if self.node.core.role is not Role.LEADER:
             return None
+        if self._resumed_term is None:
+            return None if self._diverged_at is None else self._diverged_at - 1
         return self.last_archived_index
 
     async def ship_now(self, index: int, term: int) -> str | None:
@@ -148,8 +167,11 @@ class Archiver:
                 self.failures += 1
                 self.error = f"{type(exc).__name__}: {exc}"
                 backoff = min(MAX_BACKOFF, max(self.interval / 4, backoff * 2 or 0.5))
-                log.warning("archiving to %s failed (retrying in %.1fs): %s",
-                            self.cluster.url, backoff, self.error)
+                # Not a passing fault: the archive is not what this cluster wrote.
+                alarming = isinstance(exc, ArchiveDiverged | ManifestNotAuthentic)
+                level = logging.ERROR if alarming else logging.WARNING
+                log.log(level, "archiving to %s failed (retrying in %.1fs): %s",
+                        self.cluster.url, backoff, self.error)
             else:
                 if self.error is not None:
                     log.info("archiving to %s works again", self.cluster.url)
@@ -162,7 +184,13 @@ class Archiver:
         self._round_started = time.monotonic()
         try:
             if self._resumed_term != term:
-                self._adopt(await asyncio.to_thread(self.cluster.manifest))
+                if node.core.log.term(node.core.log.committed) != term:
+                    # Not known to lead yet (a deposed leader may not have heard): its log
+                    # is compared with the archive once it has committed in its own term.
+                    return
+                manifest = await asyncio.to_thread(self.cluster.manifest)
+                await self._check_history(manifest)
+                self._adopt(manifest)
                 self._resumed_term = term
                 log.info("archiving to %s from index %d (newest archived snapshot %d)",
                          self.cluster.url, self.last_archived_index + 1,
@@ -182,6 +210,43 @@ class Archiver:
                 await self._ship_entries()
         finally:
             self._round_started = None
+
+    async def _check_history(self, manifest: Manifest | None) -> None:
+        """Raise ArchiveDiverged unless the archive's last archived entry has the term this
+        member's log holds at its index. When the log no longer holds that index (this member
+        compacted it before it led), only the rule that terms never decrease along a log is
+        left to check it by; then shipping goes on from the snapshot, with a WARNING."""
+        if manifest is None or manifest.last_archived_index == 0:
+            return
+        index = manifest.last_archived_index
+        archived = await asyncio.to_thread(self.cluster.last_archived_term, manifest)
+        entries = self.node.core.log
+        start = entries.first_index() - 1  # the snapshot the log starts after
+        own = entries.term(index)
+        url = self.cluster.url
+        if index > entries.last_index():
+            found = (f"{url} holds entries up to index {index} (term {archived}), beyond this "
+                     f"leader's log, which ends at index {entries.last_index()}")
+        elif own is not None and own != archived:
+            found = (f"the last archived entry of {url}, index {index}, has term {archived} in "
+                     f"the archive but term {own} in this leader's log")
+        elif own is None and archived is not None and archived > entries.term(start):
+            found = (f"the last archived entry of {url}, index {index}, has term {archived}, "
+                     f"later than the term {entries.term(start)} this leader's log holds after "
+                     f"it at index {start} (terms never decrease along a log)")
+        else:
+            self._diverged_at = None
+            if own is None:
+                log.warning("cannot fully check that %s holds this cluster's history: its "
+                            "last entry, index %d, is compacted out of this member's log",
+                            self.cluster.url, index)
+            return
+        self._diverged_at = index
+        raise ArchiveDiverged(
+            f"{found}: the archive holds a history this cluster did not "
+            "commit (forged, or another cluster's under the same --cluster-id). Nothing is "
+            "shipped until it is resolved: move that cluster's objects aside (or point "
+            "--archive elsewhere) and restart this member")
 
     async def _ship_snapshot(self) -> None:
         stored = self.node._snapshot

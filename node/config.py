@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from flotilla.node.archive.signing import ManifestKeys
+from flotilla.node.archive.sse import S3Encryption
 from flotilla.node.archive.timeindex import parse_time
 from flotilla.node.archive.urls import parse_archive_url
 from flotilla.node.snapshot_policy import SnapshotPolicy
@@ -49,6 +51,9 @@ class NodeConfig:
     archive_segment_entries: int = 10000
     s3_endpoint: str | None = None
     s3_region: str | None = None
+    # Archive protection: manifest MACs (first key signs, all verify) and S3 encryption at rest.
+    archive_keys: ManifestKeys | None = None
+    s3_encryption: S3Encryption | None = None
     restore_from: str | None = None
     restore_cluster_id: str | None = None
     restore_index: int | None = None
@@ -98,6 +103,12 @@ FLAGS: list[tuple[str, dict]] = [
                                        "(default 5000)"}),
     ("--archive-segment-entries", {"help": "entries per archived segment at most (default "
                                            "10000); a full one ships at once"}),
+    # Archive protection (docs/archive.md#signed-manifests, #server-side-encryption).
+    ("--archive-signing-key-file", {"help": "FILE[,FILE...]: sign every archive manifest with "
+                                            "the key in the first file (16 bytes at least); "
+                                            "manifests read must verify with one of them"}),
+    ("--s3-sse", {"help": "AES256 or aws:kms: S3 server-side encryption of what is archived"}),
+    ("--s3-sse-kms-key-id", {"help": "with --s3-sse aws:kms: the KMS key (id, ARN or alias)"}),
     ("--restore-from", {"help": "bootstrap a new cluster from this archive URL"}),
     ("--restore-cluster-id", {"help": "which cluster of that archive"}),
     ("--restore-index", {"help": "restore exactly the state at this index"}),
@@ -214,6 +225,7 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> NodeConf
                                               "--archive-segment-entries", 10000),
         s3_endpoint=raw["s3_endpoint"],
         s3_region=raw["s3_region"],
+        **_archive_protection(raw),
         restore_from=raw["restore_from"],
         restore_cluster_id=raw["restore_cluster_id"],
         restore_index=restore_index,
@@ -242,6 +254,22 @@ def _tls(raw: dict) -> dict:
         raise UsageError("mutual TLS on the peer port needs all of --peer-cert-file, "
                          "--peer-key-file and --peer-trusted-ca-file")
     return tls
+
+
+def _archive_protection(raw: Mapping[str, str | None]) -> dict[str, object]:
+    """`archive_keys` and `s3_encryption` from their flags; a key file that cannot be read or
+    holds fewer than 16 bytes is a usage error."""
+    keys = None
+    if raw["archive_signing_key_file"]:
+        try:
+            keys = ManifestKeys.parse(raw["archive_signing_key_file"])
+        except ValueError as exc:
+            raise UsageError(f"--archive-signing-key-file: {exc}") from None
+    try:
+        encryption = S3Encryption.parse(raw["s3_sse"], raw["s3_sse_kms_key_id"])
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return {"archive_keys": keys, "s3_encryption": encryption}
 
 
 def _restore_time(text: str | None, restore_from: str | None,

@@ -34,6 +34,7 @@ from flotilla.node.archive import (
     Archive,
     ArchiveNotFound,
     ClusterArchive,
+    ManifestKeys,
     RestorePlan,
     TimeOutsideArchive,
     format_ms,
@@ -113,21 +114,23 @@ def open_source(cfg: NodeConfig) -> Source:
     archive = open_archive(cfg.restore_from, endpoint=cfg.s3_endpoint, region=cfg.s3_region)
     try:
         return settle(archive, cluster_id=cfg.restore_cluster_id, excluding=cfg.cluster_id,
-                      index=cfg.restore_index, ts_ms=cfg.restore_time)
+                      index=cfg.restore_index, ts_ms=cfg.restore_time, keys=cfg.archive_keys)
     except BaseException:
         archive.close()
         raise
 
 
 def settle(archive: Archive, *, cluster_id: str | None, excluding: str | None,
-           index: int | None = None, ts_ms: int | None = None) -> Source:
+           index: int | None = None, ts_ms: int | None = None,
+           keys: ManifestKeys | None = None) -> Source:
     """Pick the old cluster in `archive` (`--restore-cluster-id`, else the only one not
     `excluding`) and the index: `index`, or the last one stamped at or before `ts_ms`, or
     the newest. Raises OutsideArchive for an index or time the archive cannot rebuild,
-    ArchiveError for a cluster or archive that is not there. `flotilla up` calls it too, to
-    refuse a target before it starts any member."""
+    ArchiveError for a cluster or archive that is not there, ManifestNotAuthentic for a
+    manifest that does not verify with `keys` (`--archive-signing-key-file`). `flotilla up`
+    calls it too, to refuse a target before it starts any member."""
     old_id = resolve_cluster_id(archive, cluster_id, excluding=excluding)
-    cluster = ClusterArchive(archive, old_id)
+    cluster = ClusterArchive(archive, old_id, keys=keys)
     flag = "--restore-index"
     if ts_ms is not None:
         flag = "--restore-time"

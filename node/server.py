@@ -222,8 +222,9 @@ class NodeServer:
         self.archiver = None
         if cfg.archive:
             archive = open_archive(cfg.archive, endpoint=cfg.s3_endpoint, region=cfg.s3_region,
-                                   settings=NODE_ARCHIVE_SETTINGS)
-            self.archiver = Archiver(self, ClusterArchive(archive, cfg.cluster_id))
+                                   settings=NODE_ARCHIVE_SETTINGS, encryption=cfg.s3_encryption)
+            self.archiver = Archiver(self, ClusterArchive(archive, cfg.cluster_id,
+                                                          keys=cfg.archive_keys))
         self.transport = PeerTransport(
             cfg.name, cfg.cluster_id, cfg.advertise_peer, cfg.advertise_client,
             on_unreachable=self._peer_unreachable, on_snapshot_sent=self._snapshot_sent,

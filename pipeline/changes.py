@@ -24,7 +24,6 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from flotilla.node.archive import ClusterArchive, open_archive
 from flotilla.node.archive.restore import RestorePlan
 
 from .kvfold import READ, fold_changes
@@ -100,10 +99,10 @@ def change_stage(spark: Any, ref: ArchiveRef, plan: RestorePlan, *, since: int |
     if since is not None and since < plan.base_index:
         raise ValueError(f"the changes after index {since} are not all in a plan from the "
                          f"snapshot at {plan.base_index}")
-    archive = open_archive(ref.url, endpoint=ref.s3_endpoint, region=ref.s3_region)
+    archive = ref.open()
     try:
         with tempfile.TemporaryDirectory(prefix=f"flotilla-{job}-") as work:
-            meta, base = read_base(ClusterArchive(archive, ref.cluster_id), plan, Path(work))
+            meta, base = read_base(ref.cluster(archive), plan, Path(work))
     finally:
         archive.close()
     read = None

@@ -32,11 +32,11 @@ import json
 import re
 import tempfile
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from flotilla.node.archive import ArchiveError, ClusterArchive, Manifest, open_archive
+from flotilla.node.archive import ArchiveError, ClusterArchive, Manifest
 from flotilla.node.archive.manifest import SegmentRecord, SnapshotRecord
 from flotilla.node.archive.restore import RestorePlan, resolve_cluster_id
 from flotilla.node.consensus import Entry, EntryKind
@@ -210,15 +210,15 @@ class Prepared:
 
 def prepare(ref: ArchiveRef, policy: CompactionPolicy) -> Prepared:
     """Resolve the cluster `ref` names and plan a pass from its newest manifest."""
-    archive = open_archive(ref.url, endpoint=ref.s3_endpoint, region=ref.s3_region)
+    archive = ref.open()
     try:
         cluster_id = resolve_cluster_id(archive, ref.cluster_id, id_flag="--cluster-id",
                                         url_flag="--archive")
-        manifest = ClusterArchive(archive, cluster_id).manifest()
+        manifest = ref.cluster(archive, cluster_id).manifest()
         if manifest is None:
             raise PipelineError(f"{ref.url} holds no manifest for cluster {cluster_id!r}: "
                                 "nothing was archived yet")
-        ref = ArchiveRef(ref.url, cluster_id, ref.s3_endpoint, ref.s3_region)
+        ref = replace(ref, cluster_id=cluster_id)
         return Prepared(ref, plan_pass(manifest, policy))
     except ArchiveError as exc:
         raise PipelineError(f"cannot compact {ref.url}: {exc}") from None
@@ -235,9 +235,9 @@ def compact(spark: Any, ref: ArchiveRef, policy: CompactionPolicy, *, sequential
     if isinstance(job.plan, Skip):
         return job.plan
     ref = job.ref
-    archive = open_archive(ref.url, endpoint=ref.s3_endpoint, region=ref.s3_region)
+    archive = ref.open()
     try:
-        cluster = ClusterArchive(archive, ref.cluster_id)
+        cluster = ref.cluster(archive)
         return _run(spark, ref, cluster, job.plan, policy, sequential)
     except ArchiveError as exc:
         raise PipelineError(f"cannot compact {ref.url}: {exc}") from None

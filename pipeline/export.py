@@ -35,7 +35,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from flotilla.node.archive import ArchiveError, ClusterArchive, format_ms, open_archive
+from flotilla.node.archive import ArchiveError, format_ms
 from flotilla.node.archive.restore import RestorePlan, resolve_cluster_id
 from flotilla.node.archive.urls import normalize_archive_url, parse_archive_url
 
@@ -323,15 +323,15 @@ def prepare(ref: ArchiveRef, dest: Destination, format: str | None = None) -> Pr
     entries after its high water gone)."""
     if format is not None and format not in FORMATS:
         raise PipelineError(f"--format {format!r}: pick one of {', '.join(FORMATS)}", 2)
-    archive = open_archive(ref.url, endpoint=ref.s3_endpoint, region=ref.s3_region)
+    archive = ref.open()
     try:
         cluster_id = resolve_cluster_id(archive, ref.cluster_id, id_flag="--cluster-id",
                                         url_flag="--archive")
-        ref = ArchiveRef(ref.url, cluster_id, ref.s3_endpoint, ref.s3_region)
+        ref = replace(ref, cluster_id=cluster_id)
         state, pending = _read_destination(dest, cluster_id, format)
         fmt = format or (state.format if state else pending.format if pending else "parquet")
         since = max(state.high_water if state else 0, pending.high_water if pending else 0)
-        cluster = ClusterArchive(archive, cluster_id)
+        cluster = ref.cluster(archive)
         manifest = cluster.manifest()
         upto = manifest.last_archived_index if manifest is not None else 0
         if upto < since:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -69,6 +70,16 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the cluster in the archive (default: the only one there)")
     common.add_argument("--s3-endpoint", default=None, help="S3-compatible endpoint URL")
     common.add_argument("--s3-region", default=None, help="S3 region")
+    # Archive protection (docs/archive.md#signed-manifests, #server-side-encryption).
+    common.add_argument("--archive-signing-key-file", metavar="FILE[,FILE...]",
+                        default=os.environ.get("FLOTILLA_ARCHIVE_SIGNING_KEY_FILE") or None,
+                        help="manifests read must verify with one of these keys, and those "
+                             "written are signed with the first (default: "
+                             "$FLOTILLA_ARCHIVE_SIGNING_KEY_FILE)")
+    common.add_argument("--s3-sse", default=None, metavar="AES256|aws:kms",
+                        help="S3 server-side encryption of what the job writes into the archive")
+    common.add_argument("--s3-sse-kms-key-id", default=None, metavar="ID",
+                        help="with --s3-sse aws:kms: the KMS key (id, ARN or alias)")
     common.add_argument("--result-file", default=None, metavar="PATH",
                         help="also write the result line (or, on failure, the one-line reason) "
                              "to PATH: a Kubernetes Job's terminationMessagePath, say")
@@ -205,7 +216,8 @@ def _run(args: argparse.Namespace) -> str:
         url = normalize_archive_url(args.archive)
     except ValueError as exc:
         raise PipelineError(f"--archive: {exc}", EXIT_USAGE) from None
-    ref = ArchiveRef(url, args.cluster_id, args.s3_endpoint, args.s3_region)
+    ref = ArchiveRef(url, args.cluster_id, args.s3_endpoint, args.s3_region,
+                     **_archive_protection(args))
     if args.job == "snapshot-at":
         from flotilla.pipeline.snapshot_at import prepare, snapshot_at
 
@@ -227,6 +239,22 @@ def _run(args: argparse.Namespace) -> str:
     if args.job == "export":
         return _export(args, ref)
     raise PipelineError(f"unknown job {args.job!r}", EXIT_USAGE)
+
+
+def _archive_protection(args: argparse.Namespace) -> dict[str, Any]:
+    """The manifest keys and S3 encryption the flags ask for; bad ones exit 2."""
+    from flotilla.node.archive import ManifestKeys, S3Encryption
+
+    try:
+        keys = (ManifestKeys.parse(args.archive_signing_key_file)
+                if args.archive_signing_key_file else None)
+    except ValueError as exc:
+        raise PipelineError(f"--archive-signing-key-file: {exc}", EXIT_USAGE) from None
+    try:
+        encryption = S3Encryption.parse(args.s3_sse, args.s3_sse_kms_key_id)
+    except ValueError as exc:
+        raise PipelineError(str(exc), EXIT_USAGE) from None
+    return {"encryption": encryption, "keys": keys}
 
 
 def _export(args: argparse.Namespace, ref: Any) -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,6 @@ from flotilla.node.archive import (
     ClusterArchive,
     TimeOutsideArchive,
     format_ms,
-    open_archive,
 )
 from flotilla.node.archive.errors import ArchiveNotFound
 from flotilla.node.archive.layout import check_cluster_id
@@ -156,7 +155,7 @@ def prepare(ref: ArchiveRef, index: int | None, to_cluster_id: str | None = None
         load_state_machine(machine)
     except StateMachineLoadError as exc:
         raise PipelineError(f"--state-machine: {exc}", 2) from None
-    archive = open_archive(ref.url, endpoint=ref.s3_endpoint, region=ref.s3_region)
+    archive = ref.open()
     try:
         # A rerun must not count what an earlier run published as a second source cluster
         # (unless it is the only cluster there: then it is the source, refused below).
@@ -168,8 +167,8 @@ def prepare(ref: ArchiveRef, index: int | None, to_cluster_id: str | None = None
                 raise
             cluster_id = resolve_cluster_id(archive, None, id_flag="--cluster-id",
                                             url_flag="--archive")
-        ref = ArchiveRef(ref.url, cluster_id, ref.s3_endpoint, ref.s3_region)
-        cluster = ClusterArchive(archive, cluster_id)
+        ref = replace(ref, cluster_id=cluster_id)
+        cluster = ref.cluster(archive)
         if time_ms is not None:
             index = resolve_index(cluster, time_ms, exclusive)
         assert index is not None
@@ -182,7 +181,7 @@ def prepare(ref: ArchiveRef, index: int | None, to_cluster_id: str | None = None
         if target == cluster_id:
             raise PipelineError(f"--to-cluster-id {target!r} is the source cluster itself: "
                                 "pick a new id", 2)
-        existing = _earlier_result(ClusterArchive(archive, target), index, ref.url)
+        existing = _earlier_result(ref.cluster(archive, target), index, ref.url)
         return Prepared(ref, plan, target, time_ms, exclusive, existing, machine, sequential)
     except ArchiveError as exc:
         raise PipelineError(f"cannot read {ref.url}: {exc}") from None
@@ -215,14 +214,14 @@ def snapshot_at(spark: Any, ref: ArchiveRef, index: int | None = None, *,
     job = prepared or prepare(ref, index, to_cluster_id, time_ms=time_ms, exclusive=exclusive,
                               machine=machine, sequential=sequential)
     ref, plan, target = job.ref, job.plan, job.target
-    archive = open_archive(ref.url, endpoint=ref.s3_endpoint, region=ref.s3_region)
+    archive = ref.open()
     try:
         with tempfile.TemporaryDirectory(prefix="flotilla-snapshot-at-") as work:
             if job.folds:
                 path, meta = state_at(spark, ref, plan, Path(work), tasks)
             else:
                 path, meta = replay_snapshot(spark, ref, plan, job.machine, Path(work))
-            out = ClusterArchive(archive, target)
+            out = ref.cluster(archive, target)
             if job.existing is not None:
                 record = job.existing
                 with open(path, "rb") as file:

@@ -16,11 +16,17 @@ import gc
 import zlib
 from bisect import bisect_right
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
-from flotilla.node.archive import ClusterArchive, open_archive
+from flotilla.node.archive import (
+    Archive,
+    ClusterArchive,
+    ManifestKeys,
+    S3Encryption,
+    open_archive,
+)
 from flotilla.node.archive.manifest import SegmentRecord
 from flotilla.node.consensus import EntryKind
 
@@ -107,12 +113,30 @@ def from_blob(blob: bytes, schema: Any) -> Any:
 
 @dataclass(frozen=True, slots=True)
 class ArchiveRef:
-    """What a task needs to open the archive: plain values, pickled into every task."""
+    """What a task needs to open the archive: plain values, pickled into every task.
+
+    `keys` (`--archive-signing-key-file`) stay with the driver: only the driver reads and
+    writes manifests, and tasks fetch objects by the digests of a manifest it verified, so a
+    pickled ref leaves the secret out."""
 
     url: str
     cluster_id: str
     s3_endpoint: str | None = None
     s3_region: str | None = None
+    encryption: S3Encryption | None = None
+    keys: ManifestKeys | None = field(default=None, repr=False, compare=False)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return ArchiveRef, (self.url, self.cluster_id, self.s3_endpoint, self.s3_region,
+                            self.encryption)
+
+    def open(self) -> Archive:
+        return open_archive(self.url, endpoint=self.s3_endpoint, region=self.s3_region,
+                            encryption=self.encryption)
+
+    def cluster(self, archive: Archive, cluster_id: str | None = None) -> ClusterArchive:
+        """Cluster `cluster_id` (default: this ref's) of `archive`, with this ref's keys."""
+        return ClusterArchive(archive, cluster_id or self.cluster_id, keys=self.keys)
 
 
 _clients: dict[ArchiveRef, ClusterArchive] = {}
@@ -122,8 +146,7 @@ def cluster_archive(ref: ArchiveRef) -> ClusterArchive:
     """This worker's client for `ref`, built once."""
     found = _clients.get(ref)
     if found is None:
-        archive = open_archive(ref.url, endpoint=ref.s3_endpoint, region=ref.s3_region)
-        found = _clients[ref] = ClusterArchive(archive, ref.cluster_id)
+        found = _clients[ref] = ref.cluster(ref.open())
     return found
 
 

@@ -3,7 +3,8 @@
 
 Layers, bottom up: `Archive` (protocol.py), an immutable-object store with two backends,
 `S3Archive` (s3.py) and `FileArchive` (filesystem.py), picked by `open_archive(url)`; the key
-layout (layout.py), the segment format (segments.py) and the manifest (manifest.py);
+layout (layout.py), the segment format (segments.py), the manifest (manifest.py) and its
+MAC (signing.py); S3 server-side encryption options (sse.py);
 `ClusterArchive` (cluster.py), one cluster's archive as the node uses it; restore planning
 with its fallback to older snapshots (restore.py); and the resolution of a time to an index
 from a manifest (timeindex.py). Every call blocks and is thread-safe: the node runs them on
@@ -14,6 +15,7 @@ from .cluster import ClusterArchive, RetentionResult
 from .errors import (
     ArchiveConflict,
     ArchiveCorrupt,
+    ArchiveDiverged,
     ArchiveError,
     ArchiveNotFound,
     ArchiveUnavailable,
@@ -23,6 +25,8 @@ from .manifest import Manifest, SegmentRecord, SnapshotRecord
 from .protocol import Archive, ArchiveSettings, ObjectInfo
 from .restore import PreparedRestore, RestorePlan, list_clusters, resolve_cluster_id
 from .segments import decode_segment, encode_segment, read_segment_header
+from .signing import ManifestKeys, ManifestNotAuthentic, SigningKey
+from .sse import S3Encryption
 from .timeindex import (
     TimeOutsideArchive,
     TimeRange,
@@ -39,6 +43,7 @@ __all__ = [
     "Archive",
     "ArchiveConflict",
     "ArchiveCorrupt",
+    "ArchiveDiverged",
     "ArchiveError",
     "ArchiveNotFound",
     "ArchiveSettings",
@@ -46,11 +51,15 @@ __all__ = [
     "ArchiveUnavailable",
     "ClusterArchive",
     "Manifest",
+    "ManifestKeys",
+    "ManifestNotAuthentic",
     "ObjectInfo",
     "PreparedRestore",
     "RestorePlan",
     "RetentionResult",
+    "S3Encryption",
     "SegmentRecord",
+    "SigningKey",
     "SnapshotRecord",
     "TimeOutsideArchive",
     "TimeRange",

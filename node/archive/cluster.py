@@ -13,7 +13,9 @@ more segments; `prepare_restore` does exactly that and hands back verified local
 planning and fallback logic lives in restore.py).
 
 Every read is checked twice: against the object's own recorded SHA-256 and against the digest
-the manifest recorded for it.
+the manifest recorded for it. Given `keys` (signing.py), every manifest written is signed and
+every manifest read must verify; one that does not stops the reader (`ManifestNotAuthentic`),
+never falls back to an older one.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ from .segments import (
     encode_segment,
     read_segment_header,
 )
+from .signing import ManifestKeys, ManifestNotAuthentic
 from .timeindex import locate
 
 log = logging.getLogger(__name__)
@@ -86,10 +89,12 @@ class ClusterArchive:
         cluster_id: str,
         *,
         clock: Callable[[], float] = time.time,
+        keys: ManifestKeys | None = None,
     ) -> None:
         self.archive = archive
         self.cluster_id = check_cluster_id(cluster_id)
         self._clock = clock
+        self._keys = keys
         self._lock = threading.Lock()  # guards the fields below
         self._publish_lock = threading.Lock()  # one publish or retain at a time
         self._loaded = False
@@ -122,7 +127,8 @@ class ClusterArchive:
         may be finishing it (a file archive records an object's checksum just after the object
         appears), and a writer that skipped it would publish the next manifest without what it
         added. A damaged one is then skipped with a WARNING for the one before it (its seq is
-        never reused); if every manifest is damaged this raises ArchiveCorrupt."""
+        never reused); if every manifest is damaged this raises ArchiveCorrupt. A manifest
+        that reads but is not authentic (with `keys`) raises ManifestNotAuthentic at once."""
         seqs = sorted(
             (seq for key in self.archive.list_keys(self._full(MANIFESTS))
              if (seq := parse_manifest_key(key[len(self.cluster_id) + 1:])) is not None),
@@ -135,6 +141,8 @@ class ClusterArchive:
             try:
                 found = self._read_manifest_settled(seq, name, retry=not failures)
                 break
+            except ManifestNotAuthentic:
+                raise
             except ArchiveCorrupt as exc:
                 log.warning("%s; falling back to the manifest before it", exc)
                 failures.append(exc)
@@ -158,13 +166,15 @@ class ClusterArchive:
         for delay in (0.01, 0.03, 0.1, 0.3) if retry else ():
             try:
                 return self._read_manifest(seq, name)
+            except ManifestNotAuthentic:
+                raise
             except ArchiveCorrupt:
                 time.sleep(delay)
         return self._read_manifest(seq, name)
 
     def _read_manifest(self, seq: int, name: str) -> Manifest:
         data = self.archive.get_bytes(self._full(manifest_key(seq)))
-        manifest = Manifest.from_json(data, name=name)
+        manifest = Manifest.from_json(data, name=name, keys=self._keys)
         if manifest.seq != seq or manifest.cluster_id != self.cluster_id:
             raise ArchiveCorrupt(
                 f"{name} says it is manifest {manifest.seq} of cluster {manifest.cluster_id!r}: "
@@ -237,7 +247,7 @@ class ClusterArchive:
     def _write_manifest(self, manifest: Manifest) -> None:
         key = manifest_key(manifest.seq)
         try:
-            self.archive.put_bytes(self._full(key), manifest.to_json())
+            self.archive.put_bytes(self._full(key), manifest.to_json(self._keys))
         except ArchiveConflict:
             with self._lock:
                 self._highest_seq = max(self._highest_seq, manifest.seq)
@@ -490,6 +500,18 @@ class ClusterArchive:
                 key=name,
             )
         return meta
+
+    def last_archived_term(self, manifest: Manifest) -> int | None:
+        """The term the archive records for its last archived entry (`last_archived_index`):
+        that of the last entry of the raw segment ending there (read and verified), else of the
+        snapshot there. None when nothing is archived. What a leader that takes over archiving
+        compares with its own log (archiver.py)."""
+        index = manifest.last_archived_index
+        ending = [s for s in manifest.raw_segments if s.last == index]
+        if ending:
+            return self.read_segment(ending[-1])[-1].term
+        at = [s for s in manifest.snapshots if s.index == index]
+        return at[-1].term if index and at else None
 
     def read_segment(self, segment: SegmentRecord) -> list[Entry]:
         """The entries of one archived segment, verified (SHA-256 and every record CRC); of a

@@ -3,7 +3,8 @@
 `ArchiveUnavailable` is worth retrying later (the store is down or overloaded);
 `ArchiveCorrupt` means an object's bytes cannot be trusted (try an older snapshot, or re-upload
 from a member that still has the data); `ArchiveNotFound` means the object or archived state is
-not there; `ArchiveConflict` means an immutable object already exists with other content.
+not there; `ArchiveConflict` means an immutable object already exists with other content;
+`ArchiveDiverged` means the archive holds a history other than the archiving leader's log.
 Every message names the object and says what to do next. None of them ever carries
 credentials: the archive never sees them (boto3 reads them from the standard AWS chain).
 """
@@ -27,6 +28,12 @@ class ArchiveNotFound(ArchiveError):
 class ArchiveConflict(ArchiveError):
     """An object that is written once already exists with different content (or, for a
     manifest, another writer published that sequence number first)."""
+
+
+class ArchiveDiverged(ArchiveError):
+    """The archive's history is not this cluster's: its last archived entry has another term
+    than the archiving leader's log holds at that index (or the log does not reach it).
+    Nothing is shipped on top of it."""
 
 
 class ArchiveCorrupt(ArchiveError):

@@ -37,6 +37,10 @@ kept whatever the retention floor, since the keys it holds have no entry left in
 Compacted records are kept whatever the retention floor: they are the history compaction
 keeps. A manifest with either is written as format version 2, which builds that cannot read
 compacted segments refuse.
+
+Signing. Written with `ManifestKeys`, a manifest carries a `mac` field over the rest of its
+content (signing.py), which readers given keys require and check before they read anything
+else from it; readers without keys ignore it, so signing changes no format version.
 """
 
 from __future__ import annotations
@@ -47,6 +51,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ArchiveCorrupt
+from .signing import FIELD as MAC_FIELD
+from .signing import ManifestKeys
 
 FORMAT = "flotilla-archive-manifest"
 VERSION = 1  # without compaction
@@ -239,8 +245,9 @@ class Manifest:
 
     # --- JSON ---------------------------------------------------------------------------------
 
-    def to_json(self) -> bytes:
-        document = {
+    def to_json(self, keys: ManifestKeys | None = None) -> bytes:
+        """The manifest's bytes; with `keys`, signed by the first of them."""
+        document: dict[str, Any] = {
             "format": FORMAT,
             "version": self.version,
             "cluster_id": self.cluster_id,
@@ -253,15 +260,21 @@ class Manifest:
             "snapshots": [s.to_json() for s in self.snapshots],
             "segments": [s.to_json() for s in self.segments],
         }
+        if keys is not None:
+            document[MAC_FIELD] = keys.sign(document)
         return (json.dumps(document, indent=1) + "\n").encode()
 
     @classmethod
-    def from_json(cls, data: bytes, *, name: str = "manifest") -> Manifest:
-        """Parse and check a manifest; any problem is ArchiveCorrupt naming `name`."""
+    def from_json(cls, data: bytes, *, name: str = "manifest",
+                  keys: ManifestKeys | None = None) -> Manifest:
+        """Parse and check a manifest; any problem is ArchiveCorrupt naming `name`. With
+        `keys`, its MAC is checked before anything in it is used (ManifestNotAuthentic)."""
         try:
             document = json.loads(data)
             if document.get("format") != FORMAT:
                 raise ValueError(f"format is {document.get('format')!r}, not {FORMAT!r}")
+            if keys is not None:
+                keys.verify(document, name)
             if document.get("version") not in VERSIONS:
                 raise ArchiveCorrupt(
                     f"{name} is manifest format version {document.get('version')}, but this "

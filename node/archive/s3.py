@@ -12,7 +12,8 @@ which a racing writer's object can be overwritten (docs/archive.md lists the sto
 that ignores the header silently gives the same, weaker guarantee.
 
 Every object carries `x-amz-meta-sha256`, computed before the upload (a first pass over the
-file, from the same open descriptor); every read recomputes it.
+file, from the same open descriptor); every read recomputes it. With `encryption` (sse.py),
+every write asks the store to encrypt the object at rest.
 
 Credentials come only from boto3's standard chain (environment, shared config, instance or pod
 roles). This module never reads, logs or formats them; endpoints with user info are refused.
@@ -59,6 +60,7 @@ from .protocol import (
     temp_path_beside,
     verify_digest,
 )
+from .sse import S3Encryption
 
 log = logging.getLogger(__name__)
 
@@ -108,12 +110,15 @@ class S3Archive:
         endpoint: str | None = None,
         region: str | None = None,
         settings: ArchiveSettings | None = None,
+        encryption: S3Encryption | None = None,
     ) -> None:
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.endpoint = endpoint
         self.region = region
         self.settings = settings = settings or ArchiveSettings()
+        self.encryption = encryption
+        self._encrypt = encryption.put_args() if encryption is not None else {}
         self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
         self._base = f"{self.prefix}/" if self.prefix else ""
         options: dict[str, Any] = {
@@ -171,7 +176,7 @@ class S3Archive:
             else:
                 self.client.put_object(
                     Bucket=self.bucket, Key=full, Body=data, Metadata={"sha256": digest},
-                    ContentType=_content_type(key),
+                    ContentType=_content_type(key), **self._encrypt,
                 )
 
         return self._put(key, digest, len(data), upload)
@@ -193,7 +198,8 @@ class S3Archive:
         # ClientError (upload_file would wrap it); s3transfer aborts a failed multipart upload.
         self.client.upload_fileobj(
             source, self.bucket, full,
-            ExtraArgs={"Metadata": {"sha256": digest}, "ContentType": "application/octet-stream"},
+            ExtraArgs={"Metadata": {"sha256": digest}, "ContentType": "application/octet-stream",
+                       **self._encrypt},
             Config=self._transfer,
         )
 

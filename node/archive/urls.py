@@ -9,6 +9,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from .protocol import Archive, ArchiveSettings
+from .sse import S3Encryption
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,9 +61,11 @@ def open_archive(
     endpoint: str | None = None,
     region: str | None = None,
     settings: ArchiveSettings | None = None,
+    encryption: S3Encryption | None = None,
 ) -> Archive:
-    """The archive at `url`. `endpoint` and `region` (for S3-compatible stores) only matter
-    for s3:// URLs. Raises ValueError for a malformed URL or endpoint."""
+    """The archive at `url`. `endpoint`, `region` (for S3-compatible stores) and `encryption`
+    (server-side, of what it writes) only matter for s3:// URLs. Raises ValueError for a
+    malformed URL or endpoint."""
     parsed = parse_archive_url(url)
     if parsed.scheme == "file":
         from .filesystem import FileArchive
@@ -80,5 +83,6 @@ def open_archive(
     from .s3 import S3Archive  # boto3 is slow to import: only when an S3 archive is used
 
     return S3Archive(
-        parsed.location, parsed.prefix, endpoint=endpoint, region=region, settings=settings
+        parsed.location, parsed.prefix, endpoint=endpoint, region=region, settings=settings,
+        encryption=encryption,
     )

@@ -403,3 +403,13 @@ def test_uploads_from_several_threads_all_land_in_one_manifest(cluster, tmp_path
 def test_cluster_ids_must_be_one_safe_path_segment(archive, bad):
     with pytest.raises(ValueError, match="cluster id"):
         ClusterArchive(archive, bad)
+
+
+def test_the_last_archived_term_is_read_from_the_segment_or_snapshot_that_ends_there(
+        archive, tmp_path):
+    cluster = ClusterArchive(archive, "c1")
+    cluster.upload_snapshot(*make_snapshot(tmp_path, 10, term=4))
+    manifest = cluster.publish()
+    assert cluster.last_archived_term(manifest) == 4
+    cluster.upload_segment([*entries(11, 14), Entry(15, 5, EntryKind.NOOP, b"", 0)])
+    assert cluster.last_archived_term(cluster.publish()) == 5

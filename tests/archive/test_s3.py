@@ -17,6 +17,7 @@ from flotilla.node.archive import (
     ArchiveError,
     ArchiveNotFound,
     ArchiveUnavailable,
+    S3Encryption,
     open_archive,
 )
 
@@ -211,3 +212,45 @@ def test_repr_names_the_archive_and_endpoint(s3):
         f"S3Archive('{s3.url}', endpoint='{s3.server.endpoint}', region='{REGION}')"
     )
     assert archive.url_for("a/b") == f"{s3.url}/a/b"
+
+
+@pytest.mark.parametrize("encryption", [S3Encryption("AES256"),
+                                        S3Encryption("aws:kms", "alias/flotilla-archive")],
+                         ids=["AES256", "aws:kms"])
+def test_every_write_asks_for_server_side_encryption(s3, tmp_path, encryption):
+    """Small objects (PutObject) and big ones (a multipart upload) alike: the store reports
+    each encrypted as asked, and reads need nothing more."""
+    archive = open_archive(s3.url, endpoint=s3.server.endpoint, region=REGION,
+                           settings=TEST_SETTINGS, encryption=encryption)
+    big = tmp_path / "big"
+    big.write_bytes(b"x" * (TEST_SETTINGS.multipart_threshold + 1))
+    try:
+        archive.put_bytes("c1/manifests/small.json", b"{}")
+        archive.put_file("c1/snapshots/big.snap", big)
+        for key in ("c1/manifests/small.json", "c1/snapshots/big.snap"):
+            head = s3.server.raw_client().head_object(Bucket=BUCKET, Key=f"{s3.prefix}/{key}")
+            assert head["ServerSideEncryption"] == encryption.mode, key
+            if encryption.kms_key_id is not None:
+                assert head["SSEKMSKeyId"].endswith(encryption.kms_key_id), key
+        assert archive.get_bytes("c1/manifests/small.json") == b"{}"
+    finally:
+        archive.close()
+    plain = s3.open()  # without the option, the store reports none (so the check above tells)
+    try:
+        plain.put_bytes("c1/manifests/plain.json", b"{}")
+    finally:
+        plain.close()
+    head = s3.server.raw_client().head_object(Bucket=BUCKET,
+                                              Key=f"{s3.prefix}/c1/manifests/plain.json")
+    assert "ServerSideEncryption" not in head
+
+
+def test_encryption_options_are_checked_in_one_line():
+    assert S3Encryption.parse(None, None) is None
+    assert S3Encryption.parse("aws:kms", "k1").put_args() == {
+        "ServerSideEncryption": "aws:kms", "SSEKMSKeyId": "k1"}
+    for mode, key, says in (("AES128", None, "must be AES256 or aws:kms"),
+                            ("AES256", "k1", "goes with --s3-sse aws:kms"),
+                            (None, "k1", "goes with --s3-sse aws:kms")):
+        with pytest.raises(ValueError, match=says):
+            S3Encryption.parse(mode, key)

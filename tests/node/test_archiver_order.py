@@ -25,8 +25,10 @@ class Leader:
     def __init__(self, root: Path) -> None:
         self.cfg = SimpleNamespace(archive_keep_snapshots=3, archive_interval_ms=200,
                                    archive_segment_entries=10000)
-        self.core = SimpleNamespace(role=Role.LEADER, term=1, log=SimpleNamespace(committed=0))
         self.log: list[Entry] = []
+        self.core = SimpleNamespace(role=Role.LEADER, term=1, log=SimpleNamespace(
+            committed=0, last_index=lambda: len(self.log),
+            term=lambda i: self.log[i - 1].term if 0 < i <= len(self.log) else None))
         self.storage = SimpleNamespace(first_index=lambda: 1,
                                        entries=lambda lo, hi: self.log[lo - 1:hi - 1])
         self.snapshots = SnapshotStore(root / "snap", fsync=False)

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from flotilla.node.archive import ClusterArchive, open_archive
+from flotilla.node.archive import ClusterArchive, ManifestKeys, open_archive
 from flotilla.node.consensus import Entry, EntryKind, Membership, SnapshotMeta
 from flotilla.node.statemachine.kv import KVStateMachine
 from flotilla.node.storage import PayloadReader, SnapshotStore
@@ -25,14 +25,16 @@ def write_archive(url: str, cluster_id: str, commands: Sequence[bytes], *,
                   snapshot_at: Sequence[int] = (), segment_entries: int = 50,
                   term: int = 2, machine: Callable[[], Any] = KVStateMachine,
                   endpoint: str | None = None,
-                  stamp: Callable[[int], int] = lambda n: 1_000 * (n + 2)) -> list[Entry]:
+                  stamp: Callable[[int], int] = lambda n: 1_000 * (n + 2),
+                  keys: ManifestKeys | None = None) -> list[Entry]:
     """Archive a log: a membership entry at 1, then one normal entry per command (a no-op
     after every 17th, as leader changes leave them), in segments of `segment_entries`, with a
     snapshot (as a member writes it) at each index of `snapshot_at`. Command n is stamped
-    `stamp(n)` (never decreasing in n), 1 s apart by default. Returns the log."""
+    `stamp(n)` (never decreasing in n), 1 s apart by default. With `keys`, the manifest is
+    signed as a member with `--archive-signing-key-file` signs it. Returns the log."""
     log = [Entry(1, 1, EntryKind.MEMBERSHIP, VOTERS.encode(), 1_000)]
     _append(log, commands, term, stamp)
-    _upload(url, cluster_id, log, 0, snapshot_at, segment_entries, machine, endpoint)
+    _upload(url, cluster_id, log, 0, snapshot_at, segment_entries, machine, endpoint, keys)
     return log
 
 
@@ -61,11 +63,11 @@ def _append(log: list[Entry], commands: Sequence[bytes], term: int,
 
 def _upload(url: str, cluster_id: str, log: Sequence[Entry], start: int,
             snapshot_at: Sequence[int], segment_entries: int, machine: Callable[[], Any],
-            endpoint: str | None) -> None:
+            endpoint: str | None, keys: ManifestKeys | None = None) -> None:
     """Upload log[start:] in segments and a member's snapshot at each of `snapshot_at`."""
     archive = open_archive(url, endpoint=endpoint, region=endpoint and REGION)
     try:
-        cluster = ClusterArchive(archive, cluster_id)
+        cluster = ClusterArchive(archive, cluster_id, keys=keys)
         for first in range(start, len(log), segment_entries):
             cluster.upload_segment(log[first:first + segment_entries])
         with tempfile.TemporaryDirectory() as tmp:
