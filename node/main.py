@@ -46,6 +46,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except tls.TLSError as exc:
         print(f"flotilla node: cannot use TLS: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    # Whatever the member creates (data dir, downloaded snapshots, a file:// archive) is
+    # readable by its own user only; storage also gives its modes explicitly.
+    os.umask(0o077)
     node = NodeServer(cfg, contexts)
     try:
         node.open()

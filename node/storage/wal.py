@@ -54,6 +54,7 @@ from flotilla.node.consensus.types import Entry, HardState, RecoveredState, Snap
 from .entrylog import EntryLog, EntryLogReads
 from .errors import CorruptDataError, StorageFailedError
 from .fsutil import (
+    FILE_MODE,
     TEMP_SUFFIX,
     datasync,
     ensure_dir,
@@ -82,8 +83,8 @@ MiB = 1 << 20
 DEFAULT_SEGMENT_BYTES = 64 * MiB
 _HEADER_READ = 1 << 17  # more than any segment header (cluster ids are at most 64 KiB)
 _START_NAME = "start"
-READ_ONLY = 0o444  # the mode of sealed segments: only the newest one is ever written
-WRITABLE = 0o644
+READ_ONLY = 0o400  # the mode of sealed segments: only the newest one is ever written
+WRITABLE = FILE_MODE
 
 
 @dataclass(eq=False, slots=True)
