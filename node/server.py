@@ -240,7 +240,8 @@ class NodeServer:
 
     async def start(self) -> None:
         await self.transport.start()
-        self._tasks = [asyncio.create_task(self._run()), asyncio.create_task(self._ticker())]
+        self._tasks = [asyncio.create_task(self._run()), asyncio.create_task(self._ticker()),
+                       asyncio.create_task(self._watch_disk())]
         if self.archiver is not None:
             self.archiver.start()
 
@@ -385,13 +386,29 @@ class NodeServer:
                         break
                     await self._carry_out(core.ready())
             except Exception as exc:  # any failure here ends the member
-                if isinstance(exc, StorageError):
-                    log.exception("storage failed; this member stops to protect its data")
-                else:
-                    log.exception("the member's main loop failed; stopping")
-                self.fatal = exc
-                self._stopping = True
-                self.dead.set()
+                self._fail(exc)
+                return
+
+    def _fail(self, exc: BaseException) -> None:
+        """Stop the member for good: `main` exits 3 for a storage failure, else 1."""
+        if isinstance(exc, StorageError):
+            log.error("storage failed; this member stops to protect its data", exc_info=exc)
+        else:
+            log.error("the member's main loop failed; stopping", exc_info=exc)
+        if self.fatal is None:
+            self.fatal = exc
+        self._stopping = True
+        self.dead.set()
+
+    async def _watch_disk(self) -> None:
+        """About once a second, off the loop: record the commit index in the hard state if it
+        moved (never an fsync per write)."""
+        while not self._stopping:
+            await asyncio.sleep(1.0)
+            try:
+                await asyncio.to_thread(self.storage.save_commit)
+            except Exception as exc:  # a hard-state write that failed
+                self._fail(exc)
                 return
 
     async def _carry_out(self, rd: Ready) -> None:
@@ -399,6 +416,7 @@ class NodeServer:
         if rd.messages:
             self.transport.send(rd.messages)
         storage = self.storage
+        storage.note_commit(core.log.committed)  # recorded with a later write (save_commit)
         if rd.snapshot is not None:
             await self._install_snapshot(rd)
         if rd.entries:

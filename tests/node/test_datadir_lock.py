@@ -17,6 +17,7 @@ import pytest
 from flotilla.node.storage import lock_data_dir
 
 from flotilla.client import Client
+from tests.harness.datadir import wait_commit_recorded
 from tests.harness.ports import allocate_ports
 from tests.harness.processes import NodeProcess, _node_env
 
@@ -56,6 +57,8 @@ def _put_and_get(url: str, key: str, value: bytes) -> None:
 
 def test_a_second_process_on_a_live_data_dir_exits_3_naming_the_holder(member):
     _put_and_get(member.url, "before", b"1")
+    with Client(member.url, timeout=10) as c:  # then the member leaves its dir alone
+        wait_commit_recorded(member.data_dir, c.status()["commit_index"])
     files_before = sorted(p.name for p in member.data_dir.rglob("*"))
 
     result = _second_on(member)
