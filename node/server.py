@@ -41,12 +41,14 @@ from flotilla.node.storage import (
     SnapshotStore,
     StorageError,
     StoredSnapshot,
+    free_bytes,
     lock_data_dir,
     read_admission,
     write_admission,
 )
 
 from . import restore
+from .alarms import CHECK_INTERVAL, SpaceAlarm
 from .archiver import NODE_ARCHIVE_SETTINGS, Archiver
 from .config import NodeConfig
 from .metrics import Metrics
@@ -106,6 +108,7 @@ class NodeServer:
         self.tls = contexts if contexts is not None else NodeContexts()
         self.name = cfg.name
         self.metrics = Metrics()
+        self.space = SpaceAlarm(cfg.data_dir, cfg.quota_free_bytes, self.metrics)
         self._inbox: list[Message] = []
         self._heard_clients: dict[str, str] = {}  # leader: client URLs members reported
         # A received snapshot's file and the machine restored from it when it arrived.
@@ -199,6 +202,7 @@ class NodeServer:
                 "snapshot file covers it. Remove the data dir and re-add this member as a learner"
             )
         self.applied = self.metrics.applied = recovered.snapshot.index
+        self.space.observe(free_bytes(cfg.data_dir))
         settings = Settings(
             rng=random.Random(),  # a member's own timeouts need no reproducibility
             election_ticks=cfg.election_ticks,
@@ -287,6 +291,7 @@ class NodeServer:
 
     async def propose(self, command: bytes) -> Any:
         """Commit `command` through the log and return the state machine's result."""
+        self.space.check()  # raises alarms.NoSpace while free space is below the quota
         if (len(self._proposals) >= MAX_PENDING_PROPOSALS
                 or self._pending_bytes + len(command) > MAX_PENDING_BYTES):
             self.metrics.proposals_refused += 1
@@ -401,12 +406,19 @@ class NodeServer:
         self.dead.set()
 
     async def _watch_disk(self) -> None:
-        """About once a second, off the loop: record the commit index in the hard state if it
-        moved (never an fsync per write)."""
+        """About once a second, off the loop: measure free space (the NOSPACE alarm) and record
+        the commit index in the hard state if it moved (never an fsync per write)."""
+        storage = self.storage
+        data_dir = self.cfg.data_dir
+
+        def measure() -> int:
+            storage.save_commit()
+            return free_bytes(data_dir)
+
         while not self._stopping:
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(CHECK_INTERVAL)
             try:
-                await asyncio.to_thread(self.storage.save_commit)
+                self.space.observe(await asyncio.to_thread(measure))
             except Exception as exc:  # a hard-state write that failed
                 self._fail(exc)
                 return
@@ -422,7 +434,7 @@ class NodeServer:
         if rd.entries:
             appending = time.perf_counter()
             storage.append(rd.entries)
-            self._count_log_bytes(rd.entries)
+            self.space.wrote(self._count_log_bytes(rd.entries))
         if rd.hard_state is not None:
             storage.save_hard_state(rd.hard_state)
         if rd.entries:
@@ -563,9 +575,11 @@ class NodeServer:
 
     # --- snapshots -----------------------------------------------------------------------
 
-    def _count_log_bytes(self, entries: tuple[Entry, ...]) -> None:
+    def _count_log_bytes(self, entries: tuple[Entry, ...]) -> int:
+        size = sum(len(e.data) + 24 for e in entries)
         self._entries_since_snapshot += len(entries)
-        self._log_bytes_since_snapshot += sum(len(e.data) + 24 for e in entries)
+        self._log_bytes_since_snapshot += size
+        return size
 
     def _maybe_snapshot(self) -> None:
         if self._snapshotting or self.applied <= self.core.log.snapshot.index:
@@ -777,6 +791,9 @@ class NodeServer:
             "leader": core.leader,
             "commit_index": log_.committed,
             "applied_index": self.applied,
+            # ["NOSPACE"] while free space on the data dir's file system is below
+            # --quota-free-bytes and client writes are refused (507): see alarms.py.
+            "alarms": self.space.alarms,
             "first_index": log_.first_index(),
             "last_index": log_.last_index(),
             "snapshot": {
