@@ -46,6 +46,7 @@ from flotilla.node.storage import (
     read_admission,
     write_admission,
 )
+from flotilla.node.storage.space import disk_full
 
 from . import restore
 from .alarms import CHECK_INTERVAL, SpaceAlarm
@@ -395,8 +396,13 @@ class NodeServer:
                 return
 
     def _fail(self, exc: BaseException) -> None:
-        """Stop the member for good: `main` exits 3 for a storage failure, else 1."""
-        if isinstance(exc, StorageError):
+        """Stop the member for good: `main` exits 3 for a storage failure (a full disk
+        included: ENOSPC from anywhere becomes a DiskFullError giving the space left), else 1."""
+        full = disk_full(exc, self.cfg.data_dir)
+        if full is not None:
+            log.error("%s; this member stops", full)
+            exc = full
+        elif isinstance(exc, StorageError):
             log.error("storage failed; this member stops to protect its data", exc_info=exc)
         else:
             log.error("the member's main loop failed; stopping", exc_info=exc)
@@ -419,7 +425,7 @@ class NodeServer:
             await asyncio.sleep(CHECK_INTERVAL)
             try:
                 self.space.observe(await asyncio.to_thread(measure))
-            except Exception as exc:  # a hard-state write that failed
+            except Exception as exc:  # a full disk, or a hard-state write that failed
                 self._fail(exc)
                 return
 
@@ -590,7 +596,14 @@ class NodeServer:
             self._snapshotting = True
             task = asyncio.create_task(self.take_snapshot(reason=rule, claimed=True))
             self._background.add(task)  # a task nobody references may be collected mid-run
-            task.add_done_callback(self._background.discard)
+            task.add_done_callback(self._snapshot_done)
+
+    def _snapshot_done(self, task: asyncio.Task) -> None:
+        self._background.discard(task)
+        exc = None if task.cancelled() else task.exception()
+        if exc is not None and self.fatal is not exc:
+            log.error("the snapshot failed; the log keeps growing until one succeeds",
+                      exc_info=exc)
 
     async def take_snapshot(self, reason: str = "requested", *, claimed: bool = False
                             ) -> dict[str, Any]:
@@ -623,6 +636,12 @@ class NodeServer:
             if self.archiver is not None:
                 self.archiver.poke()
             return self._snapshot_doc()
+        except (OSError, StorageError) as exc:
+            full = disk_full(exc, self.cfg.data_dir)
+            if full is None:
+                raise
+            self._fail(full)  # the log's next write would fail the same way: stop, exit 3
+            raise full  # noqa: B904 (disk_full chained the OSError)
         finally:
             self._snapshotting = False
 

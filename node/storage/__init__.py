@@ -22,7 +22,7 @@ from .errors import (
 from .memory import MemoryStorage
 from .protocol import LogStorage
 from .snapshots import PayloadReader, SnapshotStore, SnapshotWriter, StoredSnapshot
-from .space import free_bytes
+from .space import DiskFullError, free_bytes
 from .wal import DiskStorage, SegmentInfo
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
     "DataDirError",
     "DataDirInUse",
     "DataDirLock",
+    "DiskFullError",
     "DiskStorage",
     "Identity",
     "LogRangeError",

@@ -55,11 +55,15 @@ def write_atomic(path: Path, data: bytes, *, fsync: bool = True) -> None:
     temp = path.with_name(path.name + TEMP_SUFFIX)
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
     try:
-        write_all(fd, data)
-        if fsync:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
+        try:
+            write_all(fd, data)
+            if fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+    except BaseException:
+        temp.unlink(missing_ok=True)  # a full disk gets back what the half-written copy took
+        raise
     os.replace(temp, path)
     if fsync:
         fsync_dir(path.parent)

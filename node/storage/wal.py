@@ -85,6 +85,7 @@ from .segment import (
     segment_name,
     valid_record_after,
 )
+from .space import disk_full
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +185,7 @@ class DiskStorage(EntryLogReads):
         with self._lock:
             self._check_usable()
             self._log.check_append(entries, self._start.snapshot.index)
-            with self._failing_for_good():
+            with self._failing_for_good(self._active.path):
                 if entries[0].index <= self._log.last_index():
                     self._truncate_from(entries[0].index)
                 self._write(entries)
@@ -198,9 +199,10 @@ class DiskStorage(EntryLogReads):
             if appends == self._synced_appends and dir_changes == self._synced_dir_changes:
                 return
             last, truncations = self._log.last_index(), self._truncations
+            path = self._active.path
             fd = os.dup(self._active.fd)  # stays valid even if the owner rotates meanwhile
         try:
-            with self._failing_for_good():
+            with self._failing_for_good(path):
                 if self._fsync:
                     datasync(fd)
                     if dir_changes != self._synced_dir_changes:
@@ -251,7 +253,7 @@ class DiskStorage(EntryLogReads):
 
     def _save(self, saved: SavedHardState) -> None:
         """Write the hard-state file (the caller holds `_hard_state_lock`)."""
-        with self._failing_for_good():
+        with self._failing_for_good(self._hard_state_file.path):
             self._hard_state_file.save(saved)
         self._saved = saved
 
@@ -264,7 +266,7 @@ class DiskStorage(EntryLogReads):
         self.sync()
         with self._lock:
             self._check_usable()
-            with self._failing_for_good():
+            with self._failing_for_good(self._start_file.path):
                 if self._holds(meta.index, meta.term):
                     self._move_start(LogStart(self._start.generation, meta, meta.index, meta.term))
                 else:
@@ -293,7 +295,7 @@ class DiskStorage(EntryLogReads):
                 self._start.generation, snapshot, base_index, self._log.term(base_index)
             )
             if start != self._start:
-                with self._failing_for_good():
+                with self._failing_for_good(self._start_file.path):
                     self._move_start(start)
 
     # --- LogStorage: read side (first_index, last_index, term, entries: EntryLogReads) -----
@@ -455,12 +457,16 @@ class DiskStorage(EntryLogReads):
             ) from self._failed
 
     @contextmanager
-    def _failing_for_good(self) -> Iterator[None]:
-        """An OSError while writing leaves the files in an unknown state: refuse further use."""
+    def _failing_for_good(self, path: Path) -> Iterator[None]:
+        """An OSError while writing `path` leaves the files in an unknown state: refuse further
+        use. A full disk is said as such (DiskFullError, exit 3), with the space left."""
         try:
             yield
         except OSError as exc:
             self._failed = exc
+            full = disk_full(exc, self.data_dir, path)
+            if full is not None:
+                raise full from exc
             raise
 
     # --- recovery -----------------------------------------------------------------------------

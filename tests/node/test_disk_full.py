@@ -2,12 +2,17 @@
 mounting is not allowed) that its writes fill up.
 
 With the NOSPACE alarm (`--quota-free-bytes`), writes are refused with 507 while there is still
-room, reads go on, and the alarm clears once the volume grows.
+room, reads go on, and the alarm clears once the volume grows. Without it (quota 0) the member
+runs into ENOSPC itself: it exits 3 naming the file and the bytes free, and every write it had
+acknowledged is there once it restarts with more space. Starting on a full disk exits 3 too.
 """
 
 from __future__ import annotations
 
+import errno
+import os
 import re
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,9 +20,9 @@ from pathlib import Path
 import pytest
 from flotilla.node.storage import free_bytes
 
-from tests.harness.kvclient import KVClient
+from tests.harness.kvclient import TRANSPORT_ERRORS, KVClient
 from tests.harness.ports import allocate_ports
-from tests.harness.processes import NodeProcess
+from tests.harness.processes import NodeProcess, _node_env
 from tests.harness.tmpfs import SmallFilesystem, small_filesystem
 
 FAST = {"election_timeout_ms": 300, "heartbeat_ms": 30}
@@ -112,3 +117,65 @@ def test_low_space_raises_nospace_refuses_writes_keeps_reads_and_clears(member_o
         assert _metrics(c)["flotilla_alarm_nospace"] == 0
         assert c.put("after", b"room again").status == 200
     assert member.running
+
+
+def test_a_full_disk_exits_3_with_the_space_left_and_loses_nothing_acknowledged(
+        member_on, volume, tmp_path):
+    member = member_on("--quota-free-bytes", "0")
+    acked: dict[str, bytes] = {}
+    with member.client(timeout=10) as c:
+        assert _leader_put(c, "first", b"1").status == 200
+        acked["first"] = b"1"
+        for n in range(64):
+            value = bytes([n]) * len(VALUE)
+            try:
+                resp = c.put(f"k{n}", value)
+            except TRANSPORT_ERRORS:
+                break
+            if resp.status != 200:
+                break
+            acked[f"k{n}"] = value
+        else:
+            pytest.fail("16 MiB went onto an 8 MiB volume")
+    assert member.wait(20) == 3
+    last = member.log_tail(1)
+    found = re.fullmatch(
+        r"flotilla node: stopped after a fatal error: no space left on device writing (\S+): "
+        r"(\d+) bytes free on the file system of (\S+); free space there or grow the volume, "
+        r"then restart the member \(nothing acknowledged was lost\)", last)
+    assert found, last
+    assert Path(found.group(1)).is_relative_to(member.data_dir)
+    assert int(found.group(2)) < len(VALUE) + 4096
+    assert found.group(3) == str(member.data_dir)
+    assert len(acked) > 10
+
+    volume.resize("64m")
+    member.restart()
+    member.wait_serving()
+    with member.client(timeout=10) as c:
+        assert _leader_put(c, "after", b"room again").status == 200
+        for key, value in acked.items():
+            assert c.get(key).body == value, key
+
+
+def test_starting_on_a_full_disk_exits_3_with_the_space_left(volume):
+    fd = os.open(volume.path / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        while True:
+            os.write(fd, b"\0" * 65536)
+    except OSError as exc:
+        assert exc.errno == errno.ENOSPC
+    finally:
+        os.close(fd)
+    peer, client = allocate_ports(2)
+    node = NodeProcess("n1", volume.path / "n1", f"127.0.0.1:{peer}", f"127.0.0.1:{client}",
+                       start=False, **FAST)
+    result = subprocess.run(node.argv, capture_output=True, text=True, timeout=30,
+                            stdin=subprocess.DEVNULL, env=_node_env(None))
+    assert result.returncode == 3, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert re.fullmatch(
+        rf"flotilla node: refusing to start: no space left on device writing "
+        rf"{re.escape(str(node.data_dir))}\S*: 0 bytes free on the file system of "
+        rf"{re.escape(str(node.data_dir))}; .*", lines[0]), lines[0]

@@ -7,13 +7,14 @@ the failure, sets `dead`, fails `/healthz`, and `flotilla node` turns it into ex
 from __future__ import annotations
 
 import asyncio
+import errno
 
 import pytest
 from flotilla.node.config import parse
 from flotilla.node.main import EXIT_DATA, EXIT_FAILED, _serve
 from flotilla.node.server import NodeServer
 from flotilla.node.statemachine.kv import encode_put
-from flotilla.node.storage import StorageError
+from flotilla.node.storage import DiskFullError, StorageError, free_bytes
 
 from tests.harness.ports import allocate_ports
 
@@ -60,3 +61,29 @@ def test_a_failed_loop_stops_the_member_with_an_exit_code(tmp_path, failure, cod
         return rc
 
     assert asyncio.run(scenario()) == code
+
+
+def test_a_full_disk_anywhere_in_the_loop_stops_the_member_with_exit_3(tmp_path):
+    """ENOSPC from any write the loop makes (here the log's fsync, as some file systems report
+    it) becomes a DiskFullError naming the data dir and the bytes free there, and exit 3. The
+    real thing, on a full tmpfs, is in test_disk_full.py."""
+    node = _node(tmp_path)
+
+    def full_sync() -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    async def scenario() -> int:
+        serving = asyncio.create_task(_serve(node))
+        await _until_leader(node)
+        node.storage.sync = full_sync
+        write = asyncio.create_task(node.propose(encode_put("k", b"v", ts=0)))
+        rc = await asyncio.wait_for(serving, 10)
+        with pytest.raises(Exception, match="shutting down"):
+            await asyncio.wait_for(write, 5)  # never acknowledged
+        return rc
+
+    assert asyncio.run(scenario()) == EXIT_DATA
+    assert isinstance(node.fatal, DiskFullError)
+    assert node.fatal.data_dir == node.cfg.data_dir
+    assert abs(node.fatal.free - free_bytes(node.cfg.data_dir)) < 1 << 30  # the same disk
+    assert str(node.fatal).startswith(f"no space left on device writing {node.cfg.data_dir}: ")
