@@ -12,7 +12,6 @@ from __future__ import annotations
 import errno
 import os
 import re
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,11 +20,10 @@ import pytest
 from flotilla.node.storage import free_bytes
 
 from tests.harness.kvclient import TRANSPORT_ERRORS, KVClient
-from tests.harness.ports import allocate_ports
-from tests.harness.processes import NodeProcess, _node_env
+from tests.harness.processes import NodeProcess
 from tests.harness.tmpfs import SmallFilesystem, small_filesystem
+from tests.node.one_member import one_member, run_to_exit
 
-FAST = {"election_timeout_ms": 300, "heartbeat_ms": 30}
 NO_SNAPSHOTS = ["--snapshot-policy", "entries=100000000"]
 VALUE = b"v" * (256 << 10)
 MiB = 1 << 20
@@ -43,10 +41,8 @@ def member_on(tmp_path: Path, volume: SmallFilesystem) -> Iterator:
     started: list[NodeProcess] = []
 
     def start(*extra: str) -> NodeProcess:
-        peer, client = allocate_ports(2)
-        node = NodeProcess("n1", volume.path / "n1", f"127.0.0.1:{peer}", f"127.0.0.1:{client}",
-                           extra_args=[*NO_SNAPSHOTS, *extra], log_path=tmp_path / "n1.log",
-                           **FAST)
+        node = one_member(volume.path / "n1", *NO_SNAPSHOTS, *extra,
+                          log_path=tmp_path / "n1.log")
         started.append(node)
         node.wait_serving()
         return node
@@ -167,11 +163,8 @@ def test_starting_on_a_full_disk_exits_3_with_the_space_left(volume):
         assert exc.errno == errno.ENOSPC
     finally:
         os.close(fd)
-    peer, client = allocate_ports(2)
-    node = NodeProcess("n1", volume.path / "n1", f"127.0.0.1:{peer}", f"127.0.0.1:{client}",
-                       start=False, **FAST)
-    result = subprocess.run(node.argv, capture_output=True, text=True, timeout=30,
-                            stdin=subprocess.DEVNULL, env=_node_env(None))
+    node = one_member(volume.path / "n1", start=False, log_path=volume.path.parent / "n1.log")
+    result = run_to_exit(node)
     assert result.returncode == 3, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr

@@ -9,7 +9,6 @@ test_datadir_lock.py.
 
 from __future__ import annotations
 
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,27 +17,16 @@ import pytest
 
 from tests.harness.datadir import files_of, wait_commit_recorded
 from tests.harness.kvclient import KVClient
-from tests.harness.ports import allocate_ports
-from tests.harness.processes import NodeProcess, _node_env
+from tests.harness.processes import NodeProcess
+from tests.node.one_member import one_member, run_to_exit, serving
 
-FAST = {"election_timeout_ms": 300, "heartbeat_ms": 30}
 NO_SNAPSHOTS = ["--snapshot-policy", "entries=100000000"]
-
-
-def _member(tmp_path: Path, *extra: str) -> NodeProcess:
-    peer, client = allocate_ports(2)
-    return NodeProcess("n1", tmp_path / "n1", f"127.0.0.1:{peer}", f"127.0.0.1:{client}",
-                       extra_args=list(extra), **FAST)
 
 
 @pytest.fixture
 def member(tmp_path: Path) -> Iterator[NodeProcess]:
-    node = _member(tmp_path, *NO_SNAPSHOTS)
-    try:
-        node.wait_serving()
+    with serving(one_member(tmp_path / "n1", *NO_SNAPSHOTS)) as node:
         yield node
-    finally:
-        node.close()
 
 
 def _put(c: KVClient, key: str, value: bytes) -> int:
@@ -52,16 +40,10 @@ def _put(c: KVClient, key: str, value: bytes) -> int:
         time.sleep(0.05)
 
 
-def _start_again(member: NodeProcess) -> subprocess.CompletedProcess:
-    """The member's own command line once more, its stderr captured."""
-    return subprocess.run(member.argv, capture_output=True, text=True, timeout=30,
-                          stdin=subprocess.DEVNULL, env=_node_env(None))
-
-
 def _refused(member: NodeProcess) -> str:
     """Start the stopped member again: it must exit 3 with one line, changing nothing."""
     before = files_of(member.data_dir, lock_content=False)
-    result = _start_again(member)
+    result = run_to_exit(member)  # its own command line once more
     assert result.returncode == 3, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
@@ -132,19 +114,15 @@ def test_a_killed_member_has_recorded_its_commit_within_a_second(member):
 def test_everything_in_the_data_dir_is_private(tmp_path):
     """Files 0600 (a sealed segment may be 0400), directories 0700, the data dir included,
     after writes and a snapshot."""
-    node = _member(tmp_path, "--snapshot-policy", "entries=10")
-    try:
-        node.wait_serving()
-        with node.client() as c:
-            for n in range(25):
-                _put(c, f"k{n}", b"v" * 100)
-            deadline = time.monotonic() + 10
-            while c.status()["snapshot"]["index"] == 0:
-                assert time.monotonic() < deadline, "no snapshot was taken"
-                time.sleep(0.05)
+    with serving(one_member(tmp_path / "n1", "--snapshot-policy", "entries=10")) as node, \
+            node.client() as c:
+        for n in range(25):
+            _put(c, f"k{n}", b"v" * 100)
+        deadline = time.monotonic() + 10
+        while c.status()["snapshot"]["index"] == 0:
+            assert time.monotonic() < deadline, "no snapshot was taken"
+            time.sleep(0.05)
         assert node.terminate() == 0
-    finally:
-        node.close()
     data = node.data_dir
     assert list((data / "snap").glob("*.snap"))
     wrong = {}

@@ -38,12 +38,9 @@ async def _until_leader(node: NodeServer) -> None:
     raise AssertionError("a single member never became leader")
 
 
-@pytest.mark.parametrize(("failure", "code"), [
-    (StorageError("disk gone"), EXIT_DATA),
-    (RuntimeError("a bug"), EXIT_FAILED),
-])
-def test_a_failed_loop_stops_the_member_with_an_exit_code(tmp_path, failure, code):
-    node = _node(tmp_path)
+def _serve_until_the_log_fails(node: NodeServer, failure: BaseException) -> int:
+    """Serve `node` until it leads, then make its log's fsync raise `failure` under a write;
+    the exit code, once the member has stopped and answered that write (never acknowledged)."""
 
     def broken_sync() -> None:
         raise failure
@@ -54,13 +51,22 @@ def test_a_failed_loop_stops_the_member_with_an_exit_code(tmp_path, failure, cod
         node.storage.sync = broken_sync
         write = asyncio.create_task(node.propose(encode_put("k", b"v", ts=0)))
         rc = await asyncio.wait_for(serving, 10)
-        assert node.fatal is failure
         assert node.dead.is_set()
         with pytest.raises(Exception, match="shutting down"):
             await asyncio.wait_for(write, 5)  # the waiting client is answered, not left hanging
         return rc
 
-    assert asyncio.run(scenario()) == code
+    return asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(("failure", "code"), [
+    (StorageError("disk gone"), EXIT_DATA),
+    (RuntimeError("a bug"), EXIT_FAILED),
+])
+def test_a_failed_loop_stops_the_member_with_an_exit_code(tmp_path, failure, code):
+    node = _node(tmp_path)
+    assert _serve_until_the_log_fails(node, failure) == code
+    assert node.fatal is failure
 
 
 def test_a_full_disk_anywhere_in_the_loop_stops_the_member_with_exit_3(tmp_path):
@@ -68,21 +74,8 @@ def test_a_full_disk_anywhere_in_the_loop_stops_the_member_with_exit_3(tmp_path)
     it) becomes a DiskFullError naming the data dir and the bytes free there, and exit 3. The
     real thing, on a full tmpfs, is in test_disk_full.py."""
     node = _node(tmp_path)
-
-    def full_sync() -> None:
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    async def scenario() -> int:
-        serving = asyncio.create_task(_serve(node))
-        await _until_leader(node)
-        node.storage.sync = full_sync
-        write = asyncio.create_task(node.propose(encode_put("k", b"v", ts=0)))
-        rc = await asyncio.wait_for(serving, 10)
-        with pytest.raises(Exception, match="shutting down"):
-            await asyncio.wait_for(write, 5)  # never acknowledged
-        return rc
-
-    assert asyncio.run(scenario()) == EXIT_DATA
+    full = OSError(errno.ENOSPC, "No space left on device")
+    assert _serve_until_the_log_fails(node, full) == EXIT_DATA
     assert isinstance(node.fatal, DiskFullError)
     assert node.fatal.data_dir == node.cfg.data_dir
     assert abs(node.fatal.free - free_bytes(node.cfg.data_dir)) < 1 << 30  # the same disk
