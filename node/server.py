@@ -46,6 +46,7 @@ from flotilla.node.storage import (
     read_admission,
     write_admission,
 )
+from flotilla.node.storage.fsutil import make_private
 from flotilla.node.storage.space import disk_full
 
 from . import restore
@@ -166,6 +167,8 @@ class NodeServer:
         self.datadir = DataDir.open(cfg.data_dir, cluster_id=cfg.cluster_id,
                                     member_name=cfg.name, fsync=cfg.fsync)
         self.storage = DiskStorage(cfg.data_dir, cluster_id=cfg.cluster_id, fsync=cfg.fsync)
+        if make_private(self.datadir.path):  # only once storage found nothing to refuse
+            log.info("closed %s to other users (mode 0700)", self.datadir.path)
         self.snapshots = SnapshotStore(self.datadir.snapshot_dir, fsync=cfg.fsync)
         recovered = self.storage.recover()
         membership = Membership(voters=frozenset(cfg.initial_cluster),

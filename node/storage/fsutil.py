@@ -49,6 +49,17 @@ def ensure_dir(path: Path, *, fsync: bool = True) -> None:
             fsync_dir(created.parent)
 
 
+def make_private(path: Path) -> bool:
+    """Close a directory of ours that others may enter (a data dir an older build made 0755):
+    mode 0700 keeps them out of everything in it. Someone else's directory (a volume's mount
+    point) is left as it is. Returns whether it changed the mode."""
+    st = path.stat()
+    if not st.st_mode & 0o077 or st.st_uid != os.geteuid():
+        return False
+    os.chmod(path, DIR_MODE)
+    return True
+
+
 def write_atomic(path: Path, data: bytes, *, fsync: bool = True) -> None:
     """Replace `path` with `data` so that after a crash it holds either the old or the new
     bytes, never a mix: write a temporary file, fsync it, rename it over, fsync the dir."""

@@ -112,8 +112,10 @@ def test_a_killed_member_has_recorded_its_commit_within_a_second(member):
 
 
 def test_everything_in_the_data_dir_is_private(tmp_path):
-    """Files 0600 (a sealed segment may be 0400), directories 0700, the data dir included,
-    after writes and a snapshot."""
+    """Files 0600 (a sealed segment may be 0400), directories 0700, after writes and a
+    snapshot; the data dir included, though it was there already with mode 0755 (an operator's
+    mkdir, or an older build)."""
+    (tmp_path / "n1").mkdir(mode=0o755)
     with serving(one_member(tmp_path / "n1", "--snapshot-policy", "entries=10")) as node, \
             node.client() as c:
         for n in range(25):

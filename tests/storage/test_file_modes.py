@@ -20,6 +20,7 @@ from flotilla.node.storage import (
     lock_data_dir,
     write_admission,
 )
+from flotilla.node.storage.fsutil import make_private
 
 from tests.storage.storage_testlib import CLUSTER
 
@@ -65,6 +66,24 @@ def test_a_data_dir_holds_only_private_files_and_directories(tmp_path):
         expected = 0o700 if (root / name).is_dir() else 0o400 if name in sealed else 0o600
         assert mode == expected, f"{name} has mode {mode:o}, not {expected:o}"
     assert (tmp_path / "deep").stat().st_mode & 0o777 == 0o700
+
+
+def test_an_open_data_dir_of_ours_is_closed_to_others_and_someone_elses_left_alone(tmp_path):
+    """A data dir an older build made with the umask's 0755 is closed at the next start (the
+    node calls this once storage has found nothing to refuse); a directory owned by another
+    user, such as a volume's mount point, keeps its mode."""
+    ours = tmp_path / "ours"
+    ours.mkdir(mode=0o755)
+    assert make_private(ours)
+    assert ours.stat().st_mode & 0o777 == 0o700
+    assert not make_private(ours)  # already private: nothing to do
+    if os.geteuid() != 0:
+        pytest.skip("giving a directory to another user needs root")
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o755)
+    os.chown(theirs, 65534, -1)
+    assert not make_private(theirs)
+    assert theirs.stat().st_mode & 0o777 == 0o755
 
 
 def test_a_local_archive_holds_only_private_files_and_directories(tmp_path):
