@@ -13,11 +13,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from flotilla.node.alarms import DEFAULT_QUOTA_FREE_BYTES
 from flotilla.node.archive.signing import ManifestKeys
 from flotilla.node.archive.sse import S3Encryption
 from flotilla.node.archive.timeindex import parse_time
 from flotilla.node.archive.urls import parse_archive_url
-from flotilla.node.snapshot_policy import SnapshotPolicy
+from flotilla.node.snapshot_policy import SnapshotPolicy, parse_size
 
 DEFAULT_MAX_VALUE_BYTES = 1 << 20
 #: The shortest admin token a member accepts (etcd-grade secrets are 32 random bytes).
@@ -45,6 +46,7 @@ class NodeConfig:
     election_timeout_ms: int = 1000
     heartbeat_ms: int = 100
     snapshot_policy: SnapshotPolicy = field(default_factory=SnapshotPolicy.default)
+    quota_free_bytes: int = DEFAULT_QUOTA_FREE_BYTES
     archive: str | None = None
     archive_keep_snapshots: int = 3
     archive_interval_ms: int = 5000
@@ -94,6 +96,9 @@ FLAGS: list[tuple[str, dict]] = [
     ("--election-timeout-ms", {"help": "election timeout (default 1000)"}),
     ("--heartbeat-ms", {"help": "heartbeat interval (default 100)"}),
     ("--snapshot-policy", {"help": "ratio=0.1, log-bytes=64MiB, entries=10000, combinable"}),
+    ("--quota-free-bytes", {"help": "below this much free space on the data dir's file system "
+                                    "(e.g. 64MiB, the default; 0: never) the NOSPACE alarm "
+                                    "refuses client writes with 507"}),
     ("--archive", {"help": "s3://bucket/prefix or file:///path"}),
     ("--s3-endpoint", {"help": "S3-compatible endpoint URL"}),
     ("--s3-region", {"help": "S3 region"}),
@@ -188,6 +193,12 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> NodeConf
         policy = SnapshotPolicy.parse(text) if text else SnapshotPolicy.default()
     except ValueError as exc:
         raise UsageError(f"--snapshot-policy: {exc}") from exc
+    quota = DEFAULT_QUOTA_FREE_BYTES
+    if raw["quota_free_bytes"] is not None:
+        try:
+            quota = parse_size(raw["quota_free_bytes"])
+        except ValueError as exc:
+            raise UsageError(f"--quota-free-bytes: {exc}") from None
     for flag in ("archive", "restore_from"):
         if raw[flag]:
             try:
@@ -216,6 +227,7 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> NodeConf
         election_timeout_ms=election,
         heartbeat_ms=heartbeat,
         snapshot_policy=policy,
+        quota_free_bytes=quota,
         archive=raw["archive"],
         archive_keep_snapshots=_positive_int(raw["archive_keep_snapshots"],
                                              "--archive-keep-snapshots", 3),

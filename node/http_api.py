@@ -30,8 +30,10 @@ from flotilla.node.consensus import (
 )
 from flotilla.node.consensus.progress import caught_up
 from flotilla.node.statemachine.kv import encode_delete, encode_put
+from flotilla.node.storage import DiskFullError
 
 from . import tls
+from .alarms import NoSpace
 from .config import MEMBER_NAME, NAME_RULE
 from .deadlines import BodyTimeout, chunks_within, read_body
 from .server import NodeServer, Overloaded, SnapshotRefused, Unavailable
@@ -478,6 +480,8 @@ class ClientAPI:
             raise
         except Overloaded as exc:
             return error(503, "overloaded", str(exc), **{"Retry-After": "1"})
+        except (NoSpace, DiskFullError) as exc:  # 507 Insufficient Storage (RFC 4918)
+            return error(507, "no_space", str(exc))
         except Unavailable as exc:
             return unavailable(str(exc))
         except TimeoutError:

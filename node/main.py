@@ -3,11 +3,12 @@
 Exit codes (the contract): 0 after a clean shutdown on SIGTERM/SIGINT (a leader hands
 leadership over first, within 5 s); 2 for bad flags or a listen address it cannot bind, with
 a one-line reason; 3 for a data dir this member will not use (corruption, another cluster's
-data, a dir another live process holds), naming the file and offset, or a storage failure
-while running; 4 for a restore target (`--restore-index`, `--restore-time`) outside the
-archive, naming what it can restore, with nothing written to the data dir; 1 when the member's
-main loop failed for another reason (a bug: the log says where), so a supervisor restarts it
-instead of it lingering half-alive.
+data, a missing hard state next to a log, a log shorter than the commit index it recorded, a
+dir another live process holds), naming the file and offset, or a storage failure while running
+(a full disk, at start or later, names the file and the bytes still free); 4 for a restore
+target (`--restore-index`, `--restore-time`) outside the archive, naming what it can restore,
+with nothing written to the data dir; 1 when the member's main loop failed for another reason
+(a bug: the log says where), so a supervisor restarts it instead of it lingering half-alive.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import Sequence
 from aiohttp import web
 from flotilla.node.archive import ArchiveError
 from flotilla.node.storage import StorageError
+from flotilla.node.storage.space import disk_full
 
 from . import config, restore, tls
 from .deadlines import DeadlineSite
@@ -46,10 +48,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except tls.TLSError as exc:
         print(f"flotilla node: cannot use TLS: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    # Whatever the member creates (data dir, downloaded snapshots, a file:// archive) is
+    # readable by its own user only; storage also gives its modes explicitly.
+    os.umask(0o077)
     node = NodeServer(cfg, contexts)
     try:
         node.open()
     except (StorageError, OSError) as exc:
+        exc = disk_full(exc, cfg.data_dir) or exc
         print(f"flotilla node: refusing to start: {exc}", file=sys.stderr)
         return EXIT_DATA
     except restore.OutsideArchive as exc:

@@ -49,6 +49,8 @@ class Metrics:
         self.snapshots_installed = {"archive": 0, "leader": 0}
         self.proposals_refused = 0
         self.appended_entries = 0
+        self.disk_free_bytes = 0  # set by alarms.SpaceAlarm
+        self.alarm_nospace = False
         self.fsync = Histogram(FSYNC_BUCKETS)
         self.append = Histogram(FSYNC_BUCKETS)
         self.append_batch = Histogram(BATCH_BUCKETS)
@@ -87,6 +89,12 @@ class Metrics:
                "answered 503).", self.proposals_refused)
         family("flotilla_log_appended_entries_total", "counter",
                "Entries appended to this member's log.", self.appended_entries)
+        family("flotilla_disk_free_bytes", "gauge",
+               "Bytes free on the file system of the data dir (measured about once a second).",
+               self.disk_free_bytes)
+        family("flotilla_alarm_nospace", "gauge",
+               "1 while free space is below --quota-free-bytes: client writes are refused "
+               "(507).", int(self.alarm_nospace))
         family("flotilla_snapshots_taken_total", "counter", "Snapshots this member wrote.",
                self.snapshots_taken)
         family("flotilla_snapshots_sent_total", "counter",

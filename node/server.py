@@ -41,12 +41,16 @@ from flotilla.node.storage import (
     SnapshotStore,
     StorageError,
     StoredSnapshot,
+    free_bytes,
     lock_data_dir,
     read_admission,
     write_admission,
 )
+from flotilla.node.storage.fsutil import make_private
+from flotilla.node.storage.space import disk_full
 
 from . import restore
+from .alarms import CHECK_INTERVAL, SpaceAlarm
 from .archiver import NODE_ARCHIVE_SETTINGS, Archiver
 from .config import NodeConfig
 from .metrics import Metrics
@@ -106,6 +110,7 @@ class NodeServer:
         self.tls = contexts if contexts is not None else NodeContexts()
         self.name = cfg.name
         self.metrics = Metrics()
+        self.space = SpaceAlarm(cfg.data_dir, cfg.quota_free_bytes, self.metrics)
         self._inbox: list[Message] = []
         self._client_urls_learned = asyncio.Event()  # set when the configuration gives some
         self._heard_clients: dict[str, str] = {}  # leader: client URLs members reported
@@ -163,6 +168,8 @@ class NodeServer:
         self.datadir = DataDir.open(cfg.data_dir, cluster_id=cfg.cluster_id,
                                     member_name=cfg.name, fsync=cfg.fsync)
         self.storage = DiskStorage(cfg.data_dir, cluster_id=cfg.cluster_id, fsync=cfg.fsync)
+        if make_private(self.datadir.path):  # only once storage found nothing to refuse
+            log.info("closed %s to other users (mode 0700)", self.datadir.path)
         self.snapshots = SnapshotStore(self.datadir.snapshot_dir, fsync=cfg.fsync)
         recovered = self.storage.recover()
         membership = Membership(voters=frozenset(cfg.initial_cluster),
@@ -200,6 +207,7 @@ class NodeServer:
                 "snapshot file covers it. Remove the data dir and re-add this member as a learner"
             )
         self.applied = self.metrics.applied = recovered.snapshot.index
+        self.space.observe(free_bytes(cfg.data_dir))
         settings = Settings(
             rng=random.Random(),  # a member's own timeouts need no reproducibility
             election_ticks=cfg.election_ticks,
@@ -242,7 +250,8 @@ class NodeServer:
 
     async def start(self) -> None:
         await self.transport.start()
-        self._tasks = [asyncio.create_task(self._run()), asyncio.create_task(self._ticker())]
+        self._tasks = [asyncio.create_task(self._run()), asyncio.create_task(self._ticker()),
+                       asyncio.create_task(self._watch_disk())]
         if self.archiver is not None:
             self.archiver.start()
 
@@ -288,6 +297,7 @@ class NodeServer:
 
     async def propose(self, command: bytes) -> Any:
         """Commit `command` through the log and return the state machine's result."""
+        self.space.check()  # raises alarms.NoSpace while free space is below the quota
         if (len(self._proposals) >= MAX_PENDING_PROPOSALS
                 or self._pending_bytes + len(command) > MAX_PENDING_BYTES):
             self.metrics.proposals_refused += 1
@@ -387,13 +397,41 @@ class NodeServer:
                         break
                     await self._carry_out(core.ready())
             except Exception as exc:  # any failure here ends the member
-                if isinstance(exc, StorageError):
-                    log.exception("storage failed; this member stops to protect its data")
-                else:
-                    log.exception("the member's main loop failed; stopping")
-                self.fatal = exc
-                self._stopping = True
-                self.dead.set()
+                self._fail(exc)
+                return
+
+    def _fail(self, exc: BaseException) -> None:
+        """Stop the member for good: `main` exits 3 for a storage failure (a full disk
+        included: ENOSPC from anywhere becomes a DiskFullError giving the space left), else 1."""
+        full = disk_full(exc, self.cfg.data_dir)
+        if full is not None:
+            log.error("%s; this member stops", full)
+            exc = full
+        elif isinstance(exc, StorageError):
+            log.error("storage failed; this member stops to protect its data", exc_info=exc)
+        else:
+            log.error("the member's main loop failed; stopping", exc_info=exc)
+        if self.fatal is None:
+            self.fatal = exc
+        self._stopping = True
+        self.dead.set()
+
+    async def _watch_disk(self) -> None:
+        """About once a second, off the loop: measure free space (the NOSPACE alarm) and record
+        the commit index in the hard state if it moved (never an fsync per write)."""
+        storage = self.storage
+        data_dir = self.cfg.data_dir
+
+        def measure() -> int:
+            storage.save_commit()
+            return free_bytes(data_dir)
+
+        while not self._stopping:
+            await asyncio.sleep(CHECK_INTERVAL)
+            try:
+                self.space.observe(await asyncio.to_thread(measure))
+            except Exception as exc:  # a full disk, or a hard-state write that failed
+                self._fail(exc)
                 return
 
     async def _carry_out(self, rd: Ready) -> None:
@@ -401,12 +439,13 @@ class NodeServer:
         if rd.messages:
             self.transport.send(rd.messages)
         storage = self.storage
+        storage.note_commit(core.log.committed)  # recorded with a later write (save_commit)
         if rd.snapshot is not None:
             await self._install_snapshot(rd)
         if rd.entries:
             appending = time.perf_counter()
             storage.append(rd.entries)
-            self._count_log_bytes(rd.entries)
+            self.space.wrote(self._count_log_bytes(rd.entries))
         if rd.hard_state is not None:
             storage.save_hard_state(rd.hard_state)
         if rd.entries:
@@ -549,9 +588,11 @@ class NodeServer:
 
     # --- snapshots -----------------------------------------------------------------------
 
-    def _count_log_bytes(self, entries: tuple[Entry, ...]) -> None:
+    def _count_log_bytes(self, entries: tuple[Entry, ...]) -> int:
+        size = sum(len(e.data) + 24 for e in entries)
         self._entries_since_snapshot += len(entries)
-        self._log_bytes_since_snapshot += sum(len(e.data) + 24 for e in entries)
+        self._log_bytes_since_snapshot += size
+        return size
 
     def _maybe_snapshot(self) -> None:
         if self._snapshotting or self.applied <= self.core.log.snapshot.index:
@@ -562,7 +603,14 @@ class NodeServer:
             self._snapshotting = True
             task = asyncio.create_task(self.take_snapshot(reason=rule, claimed=True))
             self._background.add(task)  # a task nobody references may be collected mid-run
-            task.add_done_callback(self._background.discard)
+            task.add_done_callback(self._snapshot_done)
+
+    def _snapshot_done(self, task: asyncio.Task) -> None:
+        self._background.discard(task)
+        exc = None if task.cancelled() else task.exception()
+        if exc is not None and self.fatal is not exc:
+            log.error("the snapshot failed; the log keeps growing until one succeeds",
+                      exc_info=exc)
 
     async def take_snapshot(self, reason: str = "requested", *, claimed: bool = False
                             ) -> dict[str, Any]:
@@ -595,6 +643,12 @@ class NodeServer:
             if self.archiver is not None:
                 self.archiver.poke()
             return self._snapshot_doc()
+        except (OSError, StorageError) as exc:
+            full = disk_full(exc, self.cfg.data_dir)
+            if full is None:
+                raise
+            self._fail(full)  # the log's next write would fail the same way: stop, exit 3
+            raise full  # noqa: B904 (disk_full chained the OSError)
         finally:
             self._snapshotting = False
 
@@ -763,6 +817,9 @@ class NodeServer:
             "leader": core.leader,
             "commit_index": log_.committed,
             "applied_index": self.applied,
+            # ["NOSPACE"] while free space on the data dir's file system is below
+            # --quota-free-bytes and client writes are refused (507): see alarms.py.
+            "alarms": self.space.alarms,
             "first_index": log_.first_index(),
             "last_index": log_.last_index(),
             "snapshot": {

@@ -3,7 +3,8 @@
 Same keys as S3, as paths under the root. A write goes to a hidden temporary file in the target
 directory, is fsynced, and is then hard-linked to its final name: `link()` fails if the name
 exists, so the first writer wins and no object is ever overwritten (the file-system form of
-S3's `If-None-Match: *`). The directory is fsynced after the link.
+S3's `If-None-Match: *`). The directory is fsynced after the link. Objects are 0600 and the
+directories made for them 0700: the archive holds every value the cluster ever stored.
 
 Each object's SHA-256 sits beside it in `<name>.sha256`, in `sha256sum` format, so that
 `cd snapshots && sha256sum -c *.sha256` checks an archive by hand. The sidecar is written after
@@ -24,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
-from flotilla.node.storage.fsutil import ensure_dir, fsync_dir, write_all
+from flotilla.node.storage.fsutil import FILE_MODE, ensure_dir, fsync_dir, write_all
 
 from .errors import (
     ArchiveConflict,
@@ -110,7 +111,7 @@ class FileArchive:
         temp = temp_path_beside(target)
         try:
             ensure_dir(target.parent, fsync=fsync)
-            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
             try:
                 fill(fd)
                 if fsync:
@@ -174,7 +175,7 @@ class FileArchive:
         sidecar = self._sidecar(target)
         temp = temp_path_beside(sidecar)
         try:
-            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
             try:
                 write_all(fd, f"{digest}  {target.name}\n".encode())
                 if self.settings.fsync:

@@ -22,6 +22,7 @@ from .errors import (
 from .memory import MemoryStorage
 from .protocol import LogStorage
 from .snapshots import PayloadReader, SnapshotStore, SnapshotWriter, StoredSnapshot
+from .space import DiskFullError, free_bytes
 from .wal import DiskStorage, SegmentInfo
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "DataDirError",
     "DataDirInUse",
     "DataDirLock",
+    "DiskFullError",
     "DiskStorage",
     "Identity",
     "LogRangeError",
@@ -44,6 +46,7 @@ __all__ = [
     "StorageFailedError",
     "StoredSnapshot",
     "UnavailableError",
+    "free_bytes",
     "lock_data_dir",
     "read_admission",
     "write_admission",

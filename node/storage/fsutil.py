@@ -12,6 +12,10 @@ import os
 from pathlib import Path
 
 TEMP_SUFFIX = ".tmp"
+# What the node creates in its data dir is its own: another local user must not read the log
+# (every value ever written) or the hard state. Modes are given explicitly, not left to umask.
+FILE_MODE = 0o600
+DIR_MODE = 0o700
 
 # fdatasync skips metadata a reader does not need (mtime) but includes the file size, which is
 # all an append needs; where it does not exist (macOS), fsync is the portable fallback.
@@ -28,8 +32,9 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
 
 
 def ensure_dir(path: Path, *, fsync: bool = True) -> None:
-    """Create `path` (and parents) if missing, durably: a new directory is an entry of its
-    parent, so the parent is fsynced too."""
+    """Create `path` (and parents) if missing, mode 0700, durably: a new directory is an entry
+    of its parent, so the parent is fsynced too. Existing directories keep their mode (a volume's
+    mount point may belong to someone else)."""
     if path.is_dir():
         return
     missing = []
@@ -37,23 +42,39 @@ def ensure_dir(path: Path, *, fsync: bool = True) -> None:
     while not probe.exists():
         missing.append(probe)
         probe = probe.parent
-    path.mkdir(parents=True, exist_ok=True)
+    for created in reversed(missing):
+        created.mkdir(mode=DIR_MODE, exist_ok=True)
     if fsync:
         for created in missing:
             fsync_dir(created.parent)
+
+
+def make_private(path: Path) -> bool:
+    """Close a directory of ours that others may enter (a data dir an older build made 0755):
+    mode 0700 keeps them out of everything in it. Someone else's directory (a volume's mount
+    point) is left as it is. Returns whether it changed the mode."""
+    st = path.stat()
+    if not st.st_mode & 0o077 or st.st_uid != os.geteuid():
+        return False
+    os.chmod(path, DIR_MODE)
+    return True
 
 
 def write_atomic(path: Path, data: bytes, *, fsync: bool = True) -> None:
     """Replace `path` with `data` so that after a crash it holds either the old or the new
     bytes, never a mix: write a temporary file, fsync it, rename it over, fsync the dir."""
     temp = path.with_name(path.name + TEMP_SUFFIX)
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
     try:
-        write_all(fd, data)
-        if fsync:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
+        try:
+            write_all(fd, data)
+            if fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+    except BaseException:
+        temp.unlink(missing_ok=True)  # a full disk gets back what the half-written copy took
+        raise
     os.replace(temp, path)
     if fsync:
         fsync_dir(path.parent)

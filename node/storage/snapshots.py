@@ -40,7 +40,7 @@ from typing import BinaryIO, NamedTuple, TypeVar
 from flotilla.node.consensus.types import Membership, SnapshotMeta
 
 from .errors import CorruptDataError
-from .fsutil import TEMP_SUFFIX, ensure_dir, fsync_dir, remove_temp_files
+from .fsutil import FILE_MODE, TEMP_SUFFIX, ensure_dir, fsync_dir, remove_temp_files
 
 T = TypeVar("T")
 
@@ -407,6 +407,7 @@ class SnapshotStore:
             raise RuntimeError(f"a snapshot is already being written ({self._writer.temp_path})")
         path = self.directory / snapshot_name(meta)
         fetch(path)
+        os.chmod(path, FILE_MODE)  # a download gets the umask's mode; a snapshot is private
         try:
             with PayloadReader(path) as reader:
                 found, kind = reader.meta, reader.kind

@@ -2,7 +2,7 @@
 
 Layout under the data dir:
 
-    hardstate                    term and vote (hardstate.py)
+    hardstate                    term, vote and commit index (hardstate.py)
     wal/start                    where the log starts, and its generation (logstart.py)
     wal/0000000000000001.seg     segments, named by their first index (segment.py)
     wal/0000000000004711.seg     ... the newest one is the only one written to
@@ -31,7 +31,15 @@ Crash safety rests on three rules, each cheap because it is off the hot path:
 - A truncation (an append that replaces a suffix: only after a leader change) is made durable
   before the new records are written, so a crash cannot mix new records with the old ones.
 - wal/start is written before segments are deleted (see logstart.py).
-Recovery therefore cuts back a torn tail of the newest segment and refuses everything else.
+Recovery therefore cuts back a torn tail of the newest segment and refuses everything else,
+including a log that ends before the commit index the hard state recorded (committed entries
+were lost: a segment deleted, a volume restored from an old copy) and a log without a hard state
+(its votes were lost). Nothing is changed on disk before those checks pass.
+
+The commit index is recorded cheaply (see hardstate.py): `note_commit` only remembers it, and
+it is written with the next hard-state change, by `save_commit` (the runtime calls it about once
+a second, off the write path) and at `close`. What is recorded never exceeds what a completed
+fsync covers, so a crash can never leave the log shorter than the recorded commit.
 
 Threading: one owner calls everything; `sync()` may run in a worker thread meanwhile (an
 asyncio runtime runs it in an executor and keeps appending), so it only takes the lock to grab
@@ -52,8 +60,9 @@ from pathlib import Path
 from flotilla.node.consensus.types import Entry, HardState, RecoveredState, SnapshotMeta
 
 from .entrylog import EntryLog, EntryLogReads
-from .errors import CorruptDataError, StorageFailedError
+from .errors import CorruptDataError, StorageError, StorageFailedError
 from .fsutil import (
+    FILE_MODE,
     TEMP_SUFFIX,
     datasync,
     ensure_dir,
@@ -61,7 +70,8 @@ from .fsutil import (
     remove_temp_files,
     write_all,
 )
-from .hardstate import HardStateFile
+from .hardstate import NAME as HARD_STATE_NAME
+from .hardstate import HardStateFile, SavedHardState
 from .logstart import LogStart, LogStartFile
 from .segment import (
     SUFFIX,
@@ -75,6 +85,7 @@ from .segment import (
     segment_name,
     valid_record_after,
 )
+from .space import disk_full
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +93,8 @@ MiB = 1 << 20
 DEFAULT_SEGMENT_BYTES = 64 * MiB
 _HEADER_READ = 1 << 17  # more than any segment header (cluster ids are at most 64 KiB)
 _START_NAME = "start"
-READ_ONLY = 0o444  # the mode of sealed segments: only the newest one is ever written
-WRITABLE = 0o644
+READ_ONLY = 0o400  # the mode of sealed segments: only the newest one is ever written
+WRITABLE = FILE_MODE
 
 
 @dataclass(eq=False, slots=True)
@@ -139,12 +150,16 @@ class DiskStorage(EntryLogReads):
         self._fsync = fsync
         self._lock = threading.Lock()
         self._encode = record_encoder()
-        self._hard_state_file = HardStateFile(self.data_dir / "hardstate", fsync=fsync)
+        self._hard_state_file = HardStateFile(self.data_dir / HARD_STATE_NAME, fsync=fsync)
         self._start_file = LogStartFile(self.wal_dir / _START_NAME, fsync=fsync)
         self._segments: list[Segment] = []
         self._log = EntryLog()
         self._start = LogStart()
-        self._hard_state = HardState()
+        self._saved = SavedHardState()  # what the hard-state file holds
+        self._hard_state_lock = threading.Lock()  # one writer of that file at a time
+        self._commit_noted = 0  # the highest commit index `note_commit` was told
+        self._durable_index = 0  # the last index a completed fsync covers
+        self._truncations = 0  # so that a sync does not vouch for entries truncated meanwhile
         # Counters, so that a sync() returns early only when a *completed* fsync covers
         # everything: with sync() in a worker thread, another may be in flight.
         self._appends = 0  # append calls so far
@@ -159,7 +174,7 @@ class DiskStorage(EntryLogReads):
 
     def recover(self) -> RecoveredState:
         return RecoveredState(
-            hard_state=self._hard_state,
+            hard_state=self._saved.hard_state,
             snapshot=self._start.snapshot,
             entries=self._log.after(self._start.snapshot.index),
         )
@@ -170,7 +185,7 @@ class DiskStorage(EntryLogReads):
         with self._lock:
             self._check_usable()
             self._log.check_append(entries, self._start.snapshot.index)
-            with self._failing_for_good():
+            with self._failing_for_good(self._active.path):
                 if entries[0].index <= self._log.last_index():
                     self._truncate_from(entries[0].index)
                 self._write(entries)
@@ -183,9 +198,11 @@ class DiskStorage(EntryLogReads):
             appends, dir_changes = self._appends, self._dir_changes
             if appends == self._synced_appends and dir_changes == self._synced_dir_changes:
                 return
+            last, truncations = self._log.last_index(), self._truncations
+            path = self._active.path
             fd = os.dup(self._active.fd)  # stays valid even if the owner rotates meanwhile
         try:
-            with self._failing_for_good():
+            with self._failing_for_good(path):
                 if self._fsync:
                     datasync(fd)
                     if dir_changes != self._synced_dir_changes:
@@ -195,13 +212,50 @@ class DiskStorage(EntryLogReads):
         with self._lock:
             self._synced_appends = max(self._synced_appends, appends)
             self._synced_dir_changes = max(self._synced_dir_changes, dir_changes)
+            if truncations == self._truncations:
+                self._durable_index = max(self._durable_index, last)
 
     def save_hard_state(self, hs: HardState) -> None:
-        with self._lock:
-            self._check_usable()
-            with self._failing_for_good():
-                self._hard_state_file.save(hs)
-            self._hard_state = hs
+        with self._hard_state_lock:
+            with self._lock:
+                self._check_usable()
+                saved = SavedHardState(hs, self._commit_to_record())
+            self._save(saved)
+
+    # --- the commit index (beyond the protocol: MemoryStorage has nothing to lose) -----------
+
+    def note_commit(self, index: int) -> None:
+        """Entries up to `index` are committed. Only remembered: it reaches the disk with the
+        next hard-state change, `save_commit()` or `close()`, never exceeding what is synced."""
+        if index > self._commit_noted:
+            self._commit_noted = index
+
+    def save_commit(self) -> bool:
+        """Record the noted commit index (as far as the log is durable) if it moved since it was
+        last recorded: an atomic rewrite of the hard-state file. Returns whether it wrote."""
+        with self._hard_state_lock:
+            with self._lock:
+                self._check_usable()
+                commit = self._commit_to_record()
+                if commit <= self._saved.commit:
+                    return False
+                saved = SavedHardState(self._saved.hard_state, commit)
+            self._save(saved)
+            return True
+
+    @property
+    def recorded_commit(self) -> int:
+        """The commit index the hard-state file holds."""
+        return self._saved.commit
+
+    def _commit_to_record(self) -> int:
+        return max(self._saved.commit, min(self._commit_noted, self._durable_index))
+
+    def _save(self, saved: SavedHardState) -> None:
+        """Write the hard-state file (the caller holds `_hard_state_lock`)."""
+        with self._failing_for_good(self._hard_state_file.path):
+            self._hard_state_file.save(saved)
+        self._saved = saved
 
     def install_snapshot(self, meta: SnapshotMeta) -> None:
         current = self._start.snapshot
@@ -212,7 +266,7 @@ class DiskStorage(EntryLogReads):
         self.sync()
         with self._lock:
             self._check_usable()
-            with self._failing_for_good():
+            with self._failing_for_good(self._start_file.path):
                 if self._holds(meta.index, meta.term):
                     self._move_start(LogStart(self._start.generation, meta, meta.index, meta.term))
                 else:
@@ -241,12 +295,19 @@ class DiskStorage(EntryLogReads):
                 self._start.generation, snapshot, base_index, self._log.term(base_index)
             )
             if start != self._start:
-                with self._failing_for_good():
+                with self._failing_for_good(self._start_file.path):
                     self._move_start(start)
 
     # --- LogStorage: read side (first_index, last_index, term, entries: EntryLogReads) -----
 
     def close(self) -> None:
+        """Record the commit index once more (a clean stop leaves it current), then release."""
+        if not self._closed and self._failed is None:
+            try:
+                self.save_commit()
+            except (OSError, StorageError) as exc:
+                log.warning("could not record the commit index in %s at close: %s",
+                            self._hard_state_file.path, exc)
         with self._lock:
             self._closed = True
             for segment in self._segments:
@@ -338,6 +399,8 @@ class DiskStorage(EntryLogReads):
             removed = True
         if removed and self._fsync:
             fsync_dir(self.wal_dir)
+        self._truncations += 1
+        self._durable_index = min(self._durable_index, index - 1)
         segment = self._active
         keep = index - segment.first_index
         offset = segment.offsets[keep]
@@ -377,6 +440,8 @@ class DiskStorage(EntryLogReads):
             fsync_dir(self.wal_dir)
         self._synced_dir_changes = self._dir_changes
         self._log.reset(meta.index, meta.term)
+        self._truncations += 1
+        self._durable_index = meta.index  # the snapshot covers the log up to here
 
     def _holds(self, index: int, term: int) -> bool:
         log_ = self._log
@@ -392,31 +457,50 @@ class DiskStorage(EntryLogReads):
             ) from self._failed
 
     @contextmanager
-    def _failing_for_good(self) -> Iterator[None]:
-        """An OSError while writing leaves the files in an unknown state: refuse further use."""
+    def _failing_for_good(self, path: Path) -> Iterator[None]:
+        """An OSError while writing `path` leaves the files in an unknown state: refuse further
+        use. A full disk is said as such (DiskFullError, exit 3), with the space left."""
         try:
             yield
         except OSError as exc:
             self._failed = exc
+            full = disk_full(exc, self.data_dir, path)
+            if full is not None:
+                raise full from exc
             raise
 
     # --- recovery -----------------------------------------------------------------------------
 
     def _recover(self) -> None:
-        ensure_dir(self.wal_dir, fsync=self._fsync)
-        for leftover in remove_temp_files(self.wal_dir):
-            log.info("removed %s, left over from an interrupted write", leftover)
-        self._hard_state = self._hard_state_file.load()
+        """Read everything and check it; only then tidy up (delete stale segments, cut a torn
+        tail, create what a fresh data dir lacks), so a refused data dir is left as it was."""
+        if self.wal_dir.is_dir():
+            for leftover in remove_temp_files(self.wal_dir):
+                log.info("removed %s, left over from an interrupted write", leftover)
+        saved = self._hard_state_file.load()
         found = self._list_segments()
-        if not self._start_file.exists():
-            if found:
-                raise CorruptDataError(
-                    self._start_file.path, 0, "file is missing although log segments exist"
-                )
-            self._start_file.save(self._start)
+        start_exists = self._start_file.exists()
+        if not start_exists and found:
+            raise CorruptDataError(
+                self._start_file.path, 0, "file is missing although log segments exist"
+            )
         self._start = self._start_file.load()
-        headers = self._read_headers(found)
-        segments = self._scan(headers)
+        headers, stale = self._read_headers(found)
+        segments, torn = self._scan(headers)
+        self._check_hard_state(saved, segments)
+
+        ensure_dir(self.wal_dir, fsync=self._fsync)
+        if saved is None:  # a fresh data dir: the file exists before any entry does
+            saved = SavedHardState()
+            self._hard_state_file.save(saved)
+        self._saved = saved
+        if not start_exists:
+            self._start_file.save(self._start)
+        for path, why in stale:
+            log.info("removing %s: %s", path, why)
+            self._unlink_at_recovery(path)
+        if torn is not None:
+            self._cut_torn_tail(*torn)
         self._segments = segments
         last = segments[-1].last_index if segments else None
         snapshot = self._start.snapshot
@@ -424,12 +508,45 @@ class DiskStorage(EntryLogReads):
             self._restart_log_after_snapshot(last)
         if self._active.fd is None:
             self._active.fd = _open_for_append(self._active.path)
-        if self._dir_changes and self._fsync:
-            fsync_dir(self.wal_dir)
+        if self._fsync:
+            # What a killed process wrote but never synced may still be only in the page cache:
+            # make it durable, so the commit index recorded from now on never runs ahead of it.
+            datasync(self._active.fd)
+            if self._dir_changes:
+                fsync_dir(self.wal_dir)
         self._synced_dir_changes = self._dir_changes
+        self._durable_index = self._log.last_index()
+        self._commit_noted = saved.commit
+
+    def _check_hard_state(self, saved: SavedHardState | None, segments: list[Segment]) -> None:
+        """Refuse a log whose hard state is gone, or that ends before its recorded commit."""
+        path = self._hard_state_file.path
+        start = self._start
+        written = any(s.offsets for s in segments) or start.snapshot.term or start.base_term
+        if saved is None and written:
+            raise CorruptDataError(
+                path,
+                0,
+                f"file is missing although the log in {self.wal_dir} holds entries: the term and "
+                "vote this member gave are lost, so it could vote twice in one term",
+            )
+        end = max(segments[-1].last_index if segments else 0, start.snapshot.index)
+        if saved is not None and saved.commit > end:
+            newest = segments[-1] if segments else None
+            raise CorruptDataError(
+                newest.path if newest else self.wal_dir,
+                newest.size if newest else 0,
+                f"the log ends at index {end}"
+                f"{', in this segment' if newest else ' (no segment holds an entry)'}, but "
+                f"{path} records index {saved.commit} as committed: committed entries are "
+                "missing (a newer segment was deleted, or the volume was restored from an older "
+                "copy)",
+            )
 
     def _list_segments(self) -> list[tuple[int, Path]]:
         found = []
+        if not self.wal_dir.is_dir():
+            return found
         for path in self.wal_dir.iterdir():
             if path.name == _START_NAME:
                 continue
@@ -443,10 +560,13 @@ class DiskStorage(EntryLogReads):
         found.sort()
         return found
 
-    def _read_headers(self, found: list[tuple[int, Path]]) -> list[tuple[Path, SegmentHeader]]:
-        """Check every segment's header; delete segments the log start says are gone."""
+    def _read_headers(self, found: list[tuple[int, Path]]
+                      ) -> tuple[list[tuple[Path, SegmentHeader]], list[tuple[Path, str]]]:
+        """Check every segment's header. Returns the segments of the log, and those the log
+        start says are gone (to delete once recovery has checked everything), with why."""
         generation = self._start.generation
         kept = []
+        stale = []
         for first_index, path in found:
             with open(path, "rb") as file:
                 header = decode_header(file.read(_HEADER_READ), path)
@@ -474,21 +594,22 @@ class DiskStorage(EntryLogReads):
                     f"start's ({generation}, in {self._start_file.path})",
                 )
             if header.generation < generation:
-                log.info("removing %s: its log was discarded by a snapshot install", path)
-                self._unlink_at_recovery(path)
+                stale.append((path, "its log was discarded by a snapshot install"))
                 continue
             kept.append((path, header))
         # Segments that compaction had deleted but whose removal did not survive a crash.
         while len(kept) > 1 and kept[1][1].first_index - 1 <= self._start.base_index:
-            log.info("removing %s: it was compacted", kept[0][0])
-            self._unlink_at_recovery(kept.pop(0)[0])
-        return kept
+            stale.append((kept.pop(0)[0], "it was compacted"))
+        return kept, stale
 
-    def _scan(self, headers: list[tuple[Path, SegmentHeader]]) -> list[Segment]:
-        """Read every record; cut a torn tail of the newest segment; refuse anything else."""
+    def _scan(self, headers: list[tuple[Path, SegmentHeader]]
+              ) -> tuple[list[Segment], tuple[Path, int, int, str] | None]:
+        """Read every record; refuse anything but a torn tail of the newest segment, which is
+        returned as (path, offset of the damage, bytes from there, why) for `_cut_torn_tail`."""
         base_index = self._start.base_index
         entries: list[Entry] = []
         segments: list[Segment] = []
+        torn = None
         for position, (path, header) in enumerate(headers):
             newest = position == len(headers) - 1
             if not segments and header.first_index > base_index + 1:
@@ -512,16 +633,18 @@ class DiskStorage(EntryLogReads):
             if found.error is not None:
                 expected = header.first_index + len(found.offsets)
                 self._check_torn_tail(path, buffer, found, expected, newest, versions)
+                torn = (path, found.end, len(buffer) - found.end, found.error)
             segments.append(Segment(path, header.first_index, found.offsets, found.end))
             entries.extend(found.entries)
         self._log = EntryLog(base_index, self._start.base_term, entries)
-        return segments
+        return segments, torn
 
     def _check_torn_tail(
         self, path: Path, buffer: bytes, found: ScanResult, expected_index: int, newest: bool,
         versions: frozenset[int],
     ) -> None:
-        """Cut a torn tail off the newest segment, or raise: see the module docstring."""
+        """Raise unless the damage is a torn tail of the newest segment: see the module
+        docstring."""
         offset, error = found.end, found.error
         if not newest:
             raise CorruptDataError(path, offset, f"{error} in a sealed segment")
@@ -535,13 +658,15 @@ class DiskStorage(EntryLogReads):
                 f"{error}, yet an intact record follows at byte offset {later}: "
                 "this is damage inside the log, not a write cut short by a crash",
             )
+
+    def _cut_torn_tail(self, path: Path, offset: int, length: int, error: str) -> None:
         log.warning(
             "%s: %s at byte offset %d; cutting off the last %d bytes as a write torn by a crash "
             "(they were never synced, so nothing acknowledged is lost)",
             path,
             error,
             offset,
-            len(buffer) - offset,
+            length,
         )
         os.chmod(path, WRITABLE)  # the newest segment may have been sealed just before a crash
         with open(path, "r+b") as file:

@@ -54,6 +54,10 @@ BASE = ["--listen-peer", "127.0.0.1:1", "--listen-client", "127.0.0.1:2"]
           "n1=http://127.0.0.1:5,a\nb=http://127.0.0.1:6"], "a member name is 1 to 63"),
         (["--name", "n1", "--data-dir", "/tmp/x", *BASE, "--restore-from", "file:///tmp/a",
           "--restore-index", "0"], "--restore-index must be at least 1"),
+        (["--name", "n1", "--data-dir", "/tmp/x", *BASE, "--quota-free-bytes", "64MB"],
+         "--quota-free-bytes: '64MB': sizes are in powers of 1024, write KiB, MiB or GiB"),
+        (["--name", "n1", "--data-dir", "/tmp/x", *BASE, "--quota-free-bytes", "-1"],
+         "--quota-free-bytes: '-1' is not a size"),
     ],
 )
 def test_bad_flags_exit_2_with_one_line_reason(args, says):
@@ -101,6 +105,16 @@ def test_environment_supplies_flags_and_a_flag_beats_it(tmp_path):
     assert cfg.data_dir == str(tmp_path)
     assert cfg.heartbeat_ms == 50
     assert cfg.advertise_client == "http://127.0.0.1:7002"
+
+
+def test_the_free_space_quota_defaults_to_64_mib_and_takes_sizes(tmp_path):
+    from flotilla.node import config
+
+    base = ["--name", "n1", "--data-dir", str(tmp_path), *BASE]
+    assert config.parse(base, env={}).quota_free_bytes == 64 << 20
+    assert config.parse(base, env={"FLOTILLA_QUOTA_FREE_BYTES": "1GiB"}).quota_free_bytes == \
+        1 << 30
+    assert config.parse([*base, "--quota-free-bytes", "0"], env={}).quota_free_bytes == 0
 
 
 def _log_with_sealed_segment(path: Path, cluster_id: str) -> Path:

@@ -17,35 +17,20 @@ import pytest
 from flotilla.node.storage import lock_data_dir
 
 from flotilla.client import Client
-from tests.harness.ports import allocate_ports
-from tests.harness.processes import NodeProcess, _node_env
-
-FAST = {"election_timeout_ms": 300, "heartbeat_ms": 30}
-
-
-def _member(tmp_path: Path, **options) -> NodeProcess:
-    peer, client = allocate_ports(2)
-    return NodeProcess("n1", tmp_path / "n1", f"127.0.0.1:{peer}", f"127.0.0.1:{client}",
-                       **FAST, **options)
+from tests.harness.datadir import wait_commit_recorded
+from tests.harness.processes import NodeProcess
+from tests.node.one_member import one_member, run_to_exit, serving
 
 
-def _second_on(member: NodeProcess, **options) -> subprocess.CompletedProcess:
+def _second_on(member: NodeProcess) -> subprocess.CompletedProcess:
     """Another `flotilla node` with `member`'s flags and data dir but ports of its own."""
-    peer, client = allocate_ports(2)
-    twin = NodeProcess(member.name, member.data_dir, f"127.0.0.1:{peer}",
-                       f"127.0.0.1:{client}", **FAST, start=False, **options)
-    return subprocess.run(twin.argv, capture_output=True, text=True, timeout=30,
-                          stdin=subprocess.DEVNULL, env=_node_env(None))
+    return run_to_exit(one_member(member.data_dir, name=member.name, start=False))
 
 
 @pytest.fixture
 def member(tmp_path: Path) -> Iterator[NodeProcess]:
-    node = _member(tmp_path)
-    try:
-        node.wait_serving()
+    with serving(one_member(tmp_path / "n1")) as node:
         yield node
-    finally:
-        node.close()
 
 
 def _put_and_get(url: str, key: str, value: bytes) -> None:
@@ -56,6 +41,8 @@ def _put_and_get(url: str, key: str, value: bytes) -> None:
 
 def test_a_second_process_on_a_live_data_dir_exits_3_naming_the_holder(member):
     _put_and_get(member.url, "before", b"1")
+    with Client(member.url, timeout=10) as c:  # then the member leaves its dir alone
+        wait_commit_recorded(member.data_dir, c.status()["commit_index"])
     files_before = sorted(p.name for p in member.data_dir.rglob("*"))
 
     result = _second_on(member)
@@ -80,12 +67,9 @@ def test_a_held_empty_data_dir_is_not_bootstrapped_nor_restored_into(tmp_path):
     data_dir = tmp_path / "n1"
     held = lock_data_dir(data_dir)
     try:
-        peer, client = allocate_ports(2)
-        twin = NodeProcess("n1", data_dir, f"127.0.0.1:{peer}", f"127.0.0.1:{client}",
-                           extra_args=["--restore-from", f"file://{tmp_path}/archive"],
-                           start=False, **FAST)
-        result = subprocess.run(twin.argv, capture_output=True, text=True, timeout=30,
-                                stdin=subprocess.DEVNULL, env=_node_env(None))
+        twin = one_member(data_dir, "--restore-from", f"file://{tmp_path}/archive",
+                          start=False)
+        result = run_to_exit(twin)
     finally:
         held.release()
     assert result.returncode == 3, result.stderr

@@ -69,7 +69,9 @@ def test_the_log_lives_inside_an_opened_data_dir(tmp_path):
     log = DiskStorage(data_dir.path, cluster_id=data_dir.identity.cluster_id)
     log.close()
     assert not DataDir.open(tmp_path, cluster_id="prod", member_name="n1").created
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["identity.json", "wal"]
+    # The hard state exists from the first open on, before any entry: a log without one is
+    # then always a lost file, never a member that had not voted yet.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hardstate", "identity.json", "wal"]
 
 
 def test_a_held_data_dir_is_refused_naming_the_holder_until_released(tmp_path):
