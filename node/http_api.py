@@ -867,7 +867,8 @@ class ClientAPI:
         transport = self.node.transport
         text = self.node.metrics.render(self.node.core.log.committed, self.node.role(),
                                         transport.dials, transport.snapshot_bytes_streamed,
-                                        self.node.archiver)
+                                        self.node.archiver, self.node.core.acks_beyond_sent,
+                                        transport.sender_failures)
         return web.Response(text=text, content_type="text/plain")
 
     async def healthz(self, request: web.Request) -> web.Response:

@@ -63,7 +63,8 @@ class Metrics:
         self.append_batch.observe(entries)
 
     def render(self, commit_index: int, role: str, peer_dials: dict[str, int] | None = None,
-               snapshot_bytes_sent: int = 0, archive: Any = None) -> str:
+               snapshot_bytes_sent: int = 0, archive: Any = None, acks_beyond_sent: int = 0,
+               sender_restarts: int = 0) -> str:
         lines: list[str] = []
 
         def family(name: str, kind: str, help_text: str, samples: Any,
@@ -109,6 +110,12 @@ class Metrics:
         family("flotilla_peer_stream_dials_total", "counter",
                "Peer streams this member opened, by peer (a count that keeps rising means a "
                "flapping link).", peer_dials or {}, "peer")
+        family("flotilla_peer_acks_beyond_sent_total", "counter",
+               "Acknowledgements of more than this leader sent the follower, ignored (a broken "
+               "or hostile peer).", acks_beyond_sent)
+        family("flotilla_peer_sender_restarts_total", "counter",
+               "Peer sender tasks started again after a failure (each is logged).",
+               sender_restarts)
         if archive is not None:  # the Archiver, when --archive is set
             family("flotilla_archive_last_archived_index", "gauge",
                    "Highest index the archive covers with no gap, as this member last knew it "
