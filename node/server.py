@@ -701,6 +701,18 @@ class NodeServer:
             stored = await asyncio.to_thread(self.snapshots.adopt, meta, fetch)
         except (StorageError, RuntimeError) as exc:
             raise ArchiveError(f"cannot use archived snapshot {key}: {exc}") from exc
+
+        def restored() -> KVStateMachine:
+            with self.snapshots.open_payload(stored.path) as payload:
+                return _restored_machine(payload)
+
+        try:  # restored into a fresh machine before anything relies on it
+            machine = await asyncio.to_thread(restored)
+        except Exception as exc:  # anything a malformed payload makes the machine raise
+            stored.path.unlink(missing_ok=True)
+            raise ArchiveError(f"archived snapshot {key} does not restore: "
+                               f"{exc.__class__.__name__}: {str(exc)[:200]}") from None
+        self._verified_machine = (stored.path, machine)
         self._snapshot = stored
         self._snapshot_bytes = stored.path.stat().st_size
         self._snapshot_sources[stored.path] = "archive"
