@@ -228,10 +228,20 @@ def _example(name: str, kind: str = "RaftCluster") -> dict[str, Any]:
     return next(d for d in _documents(ROOT / "examples" / name) if d["kind"] == kind)
 
 
-def test_the_five_examples_exist() -> None:
+def test_the_six_examples_exist() -> None:
     assert [p.name for p in EXAMPLES] == ["basic.yaml", "compaction-and-export.yaml",
                                           "restore-point-in-time.yaml", "restore.yaml",
-                                          "s3-archive.yaml"]
+                                          "s3-archive.yaml", "tls-cert-manager.yaml"]
+
+
+def test_the_cert_manager_example_reads_as_the_operator_reads_it(validator: CRDValidator
+                                                                 ) -> None:
+    spec = ClusterSpec.from_body(validator.admit(_example("tls-cert-manager.yaml"))[0])
+    assert spec.tls.issuer == "cert-manager/ClusterIssuer/platform-ca"
+    assert spec.tls.client_cert_auth and spec.tls.duration == "2160h"
+    assert spec.ca_secret_name is None
+    assert spec.network.client_from == ({"namespaceSelector": {"matchLabels": {
+        "kubernetes.io/metadata.name": "orders-app"}}},)
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
