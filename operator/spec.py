@@ -206,6 +206,9 @@ class Tls:
     client_cert_auth: bool = False  # clients (the operator too) must show a certificate
     secret_name: str | None = None
     duration: str = DEFAULT_CERTIFICATE_DURATION
+    # A cluster that bootstrapped before spec.tls existed (its status records no TLS): it runs
+    # without TLS whatever the defaulted spec says, as its committed peer URLs are http.
+    legacy: bool = False
 
     @property
     def issuer(self) -> str:
@@ -277,8 +280,8 @@ class ClusterSpec:
         restore = _bootstrap(spec.section("bootstrap")) if spec.present("bootstrap") else None
         admin_token = (_secret_key(spec.section("adminTokenSecret"), "key", "token")
                        if spec.present("adminTokenSecret") else None)
-        tls = _tls(spec.section("tls"), name)
-        _check_tls_unchanged(tls, status if isinstance(status, Mapping) else {})
+        tls = _tls_as_running(_tls(spec.section("tls"), name),
+                              status if isinstance(status, Mapping) else {})
         return cls(
             name=name,
             namespace=namespace,
@@ -754,13 +757,17 @@ def _tls(fields: _Fields, name: str) -> Tls:
                secret_name=secret_name, duration=duration)
 
 
-def _check_tls_unchanged(tls: Tls, status: Mapping[str, Any]) -> None:
-    """Once the cluster has bootstrapped, whether it speaks TLS and who signs its
-    certificates stay: the committed configuration holds every member's peer URL (http or
-    https), and members signed by two CAs during a change would refuse each other."""
+def _tls_as_running(tls: Tls, status: Mapping[str, Any]) -> Tls:
+    """spec.tls, checked against how the cluster runs. Once it has bootstrapped, whether it
+    speaks TLS and who signs its certificates stay: the committed configuration holds every
+    member's peer URL (http or https), and members signed by two CAs during a change would
+    refuse each other. A cluster that bootstrapped before spec.tls existed records no TLS in
+    its status: it keeps running without (the API server fills in `enabled: true` for it)."""
     recorded = status.get("tls")
-    if not status.get("bootstrapped") or not isinstance(recorded, Mapping):
-        return
+    if not status.get("bootstrapped"):
+        return tls
+    if not isinstance(recorded, Mapping) or recorded.get("legacy") is True:
+        return Tls(enabled=False, legacy=True)
     if isinstance(recorded.get("enabled"), bool) and recorded["enabled"] != tls.enabled:
         raise SpecError(
             f"spec.tls.enabled cannot change once the cluster has bootstrapped (it runs with "
@@ -775,6 +782,7 @@ def _check_tls_unchanged(tls: Tls, status: Mapping[str, Any]) -> None:
             f"bootstrapped (its certificates come from {issuer}, the spec now says "
             f"{tls.issuer}): members signed by two CAs would refuse each other; set them back"
         )
+    return tls
 
 
 def _network(fields: _Fields) -> Network:

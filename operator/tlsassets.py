@@ -156,6 +156,8 @@ def ensure(kube: Kube, spec: ClusterSpec, members: Sequence[str],
         return dataclasses.replace(found, events=[], objects=[])
     state = TlsState({"enabled": tls.enabled, "issuer": tls.issuer})
     if not tls.enabled:
+        if tls.legacy:
+            state.status["legacy"] = True
         state.ready = set(members)
         return state
     state.status["clientCertAuth"] = tls.client_cert_auth

@@ -826,3 +826,18 @@ def test_default_resources_only_when_the_spec_sets_none():
         "requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}}
     limits_only = ClusterSpec.from_body(body({"resources": {"limits": {"memory": "4Gi"}}}))
     assert limits_only.container_resources == {"limits": {"memory": "4Gi"}}
+
+
+def test_a_cluster_that_bootstrapped_before_tls_existed_keeps_running_without():
+    """Its status records no TLS, and the API server fills in `enabled: true`: switching it
+    to https would break its committed http peer URLs, so it stays as it runs."""
+    before = {"bootstrapped": True, "clusterId": "prod-demo-6f1c2a9e"}
+    for tls in (None, {"enabled": True}, {"issuerRef": {"name": "ca"}}):
+        spec = ClusterSpec.from_body(body({"tls": tls}, status=before))
+        assert (spec.tls.enabled, spec.tls.legacy, spec.scheme) == (False, True, "http")
+    # ...also once the operator has recorded it so
+    recorded = {**before, "tls": {"enabled": False, "issuer": "none", "legacy": True}}
+    assert ClusterSpec.from_body(body(status=recorded)).tls.legacy is True
+    # a cluster not bootstrapped yet takes the spec as it is
+    fresh = ClusterSpec.from_body(body(status={"bootstrapped": False}))
+    assert (fresh.tls.enabled, fresh.tls.legacy) == (True, False)

@@ -354,3 +354,15 @@ def test_the_client_certificate_probe_passes_against_a_real_member(tmp_path: Pat
     finally:
         node.terminate()
         node.wait(15)
+
+
+def test_a_cluster_from_before_tls_gets_no_certificates_and_says_why():
+    kube, obj = PatchingKube(), body(status={"bootstrapped": True,
+                                             "clusterId": "prod-demo-6f1c2a9e"})
+    rounds(kube, obj, 2)
+    assert [n for k, n in creates(kube) if k == "Secret"] == ["demo-admin-token"]
+    assert obj["status"]["tls"] == {"enabled": False, "issuer": "none", "legacy": True}
+    env = {v["name"]: v.get("value") for v in kube.objects[("StatefulSet", "prod", "demo")][
+        "spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["FLOTILLA_ADVERTISE_PEER"].startswith("http://")
+    assert "FLOTILLA_CERT_FILE" not in env
