@@ -35,7 +35,7 @@ from .render import owner_reference
 from .spec import ClusterSpec
 
 __all__ = ["SECRETS_INTERVAL_ENV", "Problem", "TlsState", "admin_token", "client_context",
-           "ensure", "problem_from_api", "trusted"]
+           "ensure", "forget", "problem_from_api", "trusted"]
 
 TOKEN_BYTES = 32  # random bytes of a generated admin token (43 characters, URL-safe base64)
 
@@ -88,6 +88,12 @@ def _remember(key: tuple[Any, ...], until: float, value: Any) -> None:
         if len(_memo) > 4096:
             _memo.clear()
         _memo[key] = (until, value)
+
+
+def forget() -> None:
+    """Drop everything remembered: the next round reads every Secret again."""
+    with _memo_lock:
+        _memo.clear()
 
 
 def admin_token(kube: Kube, spec: ClusterSpec, now: float | None = None

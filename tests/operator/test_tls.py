@@ -26,7 +26,9 @@ from tests.harness.polling import wait_for
 from tests.operator.test_archivejobs import PatchingKube, rounds
 from tests.operator.test_spec import UID, body
 
-NOW = datetime.datetime.now(datetime.UTC)
+
+def now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
 
 
 @pytest.fixture(autouse=True)
@@ -70,25 +72,25 @@ def test_a_member_certificate_names_the_member_and_its_dns_names():
     assert abs(lifetime - datetime.timedelta(days=365, minutes=5)) < datetime.timedelta(
         seconds=5)  # spec.tls.duration, and the five minutes it is backdated
     assert info.renew_at == info.not_after - lifetime / 3
-    assert certs.due(info, SPEC.member_dns_names("demo-2"), CA.cert_pem, NOW) is None
+    assert certs.due(info, SPEC.member_dns_names("demo-2"), CA.cert_pem, now()) is None
 
 
 def test_a_certificate_is_due_with_a_third_of_its_life_left():
     short = issue(CA, "demo-0", SPEC.member_dns_names("demo-0")[1:], days=60 / 86400)
     info = certs.read(short.cert_pem)
-    assert info is not None and info.not_after > NOW  # still valid, but due
-    why = certs.due(info, SPEC.member_dns_names("demo-0"), CA.cert_pem, NOW)
+    assert info is not None and info.not_after > now()  # still valid, but due
+    why = certs.due(info, SPEC.member_dns_names("demo-0"), CA.cert_pem, now())
     assert why is not None and "a third of its lifetime is left" in why
 
 
 def test_a_certificate_with_other_names_or_from_another_ca_is_due():
     issued = certs.issue_member(SPEC, "demo-0", CA)
     info = certs.read(issued.cert_pem)
-    assert certs.due(info, SPEC.member_dns_names("demo-1"), CA.cert_pem, NOW) == (
+    assert certs.due(info, SPEC.member_dns_names("demo-1"), CA.cert_pem, now()) == (
         f"it does not name {', '.join(sorted(set(SPEC.member_dns_names('demo-1')) - info.names))}")
     assert certs.due(info, SPEC.member_dns_names("demo-0"), make_ca("test CA").cert_pem,
-                     NOW) == "another CA signed it"
-    assert certs.due(None, [], CA.cert_pem, NOW) == "it has no readable certificate"
+                     now()) == "another CA signed it"
+    assert certs.due(None, [], CA.cert_pem, now()) == "it has no readable certificate"
     assert certs.read(b"not a certificate") is None
 
 
@@ -149,7 +151,7 @@ def test_the_first_round_makes_the_token_the_ca_and_every_members_secret_before_
         assert member["ca.crt"] == ca["tls.crt"]
         info = certs.read(member["tls.crt"])
         assert info.names == frozenset(SPEC.member_dns_names(f"demo-{i}"))
-        assert certs.due(info, SPEC.member_dns_names(f"demo-{i}"), ca["tls.crt"], NOW) is None
+        assert certs.due(info, SPEC.member_dns_names(f"demo-{i}"), ca["tls.crt"], now()) is None
         stored = kube.objects[("Secret", "prod", f"demo-{i}-tls")]
         assert stored["type"] == "kubernetes.io/tls"
         assert stored["metadata"]["ownerReferences"][0]["uid"] == UID
@@ -177,7 +179,7 @@ def test_a_certificate_near_expiry_is_renewed_and_status_says_until_when():
     assert ("patch", "Secret", "demo-1-tls") in kube.calls
     info = certs.read(secret_data(kube, "demo-1-tls")["tls.crt"])
     assert info.serial != short.certificate.serial_number
-    assert info.not_after - NOW > datetime.timedelta(days=364)
+    assert info.not_after - now() > datetime.timedelta(days=364)
     (event,) = [e for e in renewed.events if e[1] == "CertificateRenewed"]
     assert event[0] == "Normal" and "demo-1-tls" in event[2]
     assert "a third of its lifetime is left" in event[2]
@@ -238,7 +240,7 @@ def test_members_can_be_signed_with_a_ca_of_ones_own():
     member = secret_data(kube, "demo-0-tls")
     assert member["ca.crt"] == root.cert_pem
     assert certs.due(certs.read(member["tls.crt"]), SPEC.member_dns_names("demo-0"),
-                     root.cert_pem, NOW) is None
+                     root.cert_pem, now()) is None
     assert obj["status"]["tls"]["issuer"] == "secret/team-ca"
     assert ("Secret", "demo-ca") not in creates(kube)
 
