@@ -105,12 +105,14 @@ def free_port() -> int:
 
 class PortForward:
     """`kubectl port-forward` on a fixed local port, restartable: a forward to a pod dies with
-    the pod, and the port stays the same so that a client keeps its endpoint."""
+    the pod, and the port stays the same so that a client keeps its endpoint. Members speak
+    https by default, and their certificates name `localhost`, which the URL uses."""
 
-    def __init__(self, kube: Kube, target: str, remote_port: int) -> None:
+    def __init__(self, kube: Kube, target: str, remote_port: int,
+                 scheme: str = "https") -> None:
         self.kube, self.target, self.remote_port = kube, target, remote_port
         self.local_port = free_port()
-        self.url = f"http://127.0.0.1:{self.local_port}"
+        self.url = f"{scheme}://localhost:{self.local_port}"
         self.process: subprocess.Popen[str] | None = None
         self.start()
 

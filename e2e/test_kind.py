@@ -7,6 +7,8 @@ One story, one test: each step depends on the state the previous one left.
 
 from __future__ import annotations
 
+import base64
+import ssl
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -46,6 +48,14 @@ def wait_ready(kube: Kube, name: str, replicas: int) -> None:
     kube.wait_for(f"{name} Ready with {replicas} voters, not joint", ready, READY_TIMEOUT)
 
 
+def access(kube: Kube, name: str) -> dict[str, Any]:
+    """What a client of cluster `name` needs, from the Secrets the operator made: its CA (the
+    members speak TLS) and its admin token (for the snapshot)."""
+    ca = base64.b64decode(kube.get(f"secret/{name}-ca", r"{.data.ca\.crt}")).decode()
+    token = base64.b64decode(kube.get(f"secret/{name}-admin-token", "{.data.token}")).decode()
+    return {"ssl_context": ssl.create_default_context(cadata=ca), "token": token}
+
+
 def write_keys(client: Client, forward: PortForward, acked: dict[str, tuple[bytes, int]],
                first: int, count: int) -> None:
     """Write keys e2e/<n>, recording each acknowledged one with its commit index. A write
@@ -81,7 +91,7 @@ def test_a_cluster_scales_survives_its_leader_and_is_restored_from_its_archive(
 
     # Writes through the client Service; members forward to the leader.
     forward = kube.port_forward("svc/e2e", 2379)
-    client = Client(forward.url, timeout=30, prefer_leader=False)
+    client = Client(forward.url, timeout=30, prefer_leader=False, **access(kube, "e2e"))
     write_keys(client, forward, acked, 0, 300)
 
     # Grow to 5 voters and back to 3: learners, catch-up, joint consensus, both ways.
@@ -101,7 +111,7 @@ def test_a_cluster_scales_survives_its_leader_and_is_restored_from_its_archive(
     leader = kube.get("raft/e2e", "{.status.leader}")
     to_leader = kube.port_forward(f"pod/{leader}", 2379)
     try:
-        snapshot = Client(to_leader.url, timeout=60).snapshot()
+        snapshot = Client(to_leader.url, timeout=60, **access(kube, "e2e")).snapshot()
     finally:
         to_leader.stop()
     assert snapshot.get("location"), f"the snapshot was not shipped to the archive: {snapshot}"
@@ -127,7 +137,8 @@ def test_a_cluster_scales_survives_its_leader_and_is_restored_from_its_archive(
 
     forward = kube.port_forward("svc/e2e-restored", 2379)
     try:
-        with Client(forward.url, timeout=30, prefer_leader=False) as restored:
+        with Client(forward.url, timeout=30, prefer_leader=False,
+                    **access(kube, "e2e-restored")) as restored:
             found = {key: restored.get(key).value for key in expected}
     finally:
         forward.stop()

@@ -27,6 +27,10 @@ FINALIZER = "flotilla.dev/final-snapshot"
 INTERVAL = float(os.environ.get("FLOTILLA_OPERATOR_INTERVAL", "5"))
 FINAL_SNAPSHOT_TRIES = 3
 
+# Set by `flotilla operator` when it watches namespaces named exactly (no kopf globs): kopf then
+# does not scan CRDs and namespaces cluster-wide, so a Role in each namespace is all it needs.
+STATIC_NAMESPACES = False
+
 _kube: Kube | None = None
 _locks: dict[str, asyncio.Lock] = {}
 # A Warning identical to one posted for the same cluster this recently is not posted again:
@@ -55,6 +59,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="flotilla.dev", key="last-handled-configuration")
     settings.posting.level = logging.WARNING  # our own events say what happened
+    settings.scanning.disabled = STATIC_NAMESPACES
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
 

@@ -32,6 +32,8 @@ _RESOURCES = {
     "ConfigMap": ("/api/v1", "configmaps"),
     "Job": ("/apis/batch/v1", "jobs"),
     "CronJob": ("/apis/batch/v1", "cronjobs"),
+    "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies"),
+    "Certificate": ("/apis/cert-manager.io/v1", "certificates"),
 }
 
 

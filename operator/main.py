@@ -72,7 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "Services and PodDisruptionBudgets, and drive membership changes through "
                     "the members' admin API, one planned step at a time.")
     p.add_argument("--namespace", "-n", action="append", default=[],
-                   help="watch only this namespace (repeatable; default: all namespaces)")
+                   help="watch only this namespace (repeatable; default: all namespaces). "
+                        "Named exactly (no globs), the operator needs no cluster-wide "
+                        "permission: a Role in each namespace is enough")
     p.add_argument("--all-namespaces", "-A", action="store_true",
                    help="watch every namespace (the default)")
     p.add_argument("--default-image", default=os.environ.get("FLOTILLA_DEFAULT_IMAGE"),
@@ -113,8 +115,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import kopf
 
-    from . import handlers  # noqa: F401  (registers the handlers)
+    from . import handlers  # registers the handlers
 
+    handlers.STATIC_NAMESPACES = bool(args.namespace) and not any(
+        set(ns) & set("*?[]!") for ns in args.namespace)
     kopf.run(standalone=True, clusterwide=not args.namespace,
              namespaces=args.namespace or (), liveness_endpoint=args.liveness)
     return EXIT_OK

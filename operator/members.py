@@ -1,19 +1,26 @@
 """How the operator reaches members: their own `/v1/status`, and the admin calls a step needs.
 
 A member is reached at its stable DNS name through the headless Service
-(`http://NAME-i.NAME-peers.NS.svc:2379`). Where the operator runs outside the cluster network
-(on a laptop, or in tests whose members are local processes), a JSON file named by
-`FLOTILLA_OPERATOR_MEMBER_URLS` maps `NS/POD` to `{"client": URL, "peer": URL}` instead; it is
-read on every lookup, so whoever starts the members can add them as they come.
+(`https://NAME-i.NAME-peers.NS.svc:2379`; http without TLS), verified against the cluster's CA
+and that name, with the admin token, and with the operator's client certificate when members
+ask clients for one. Where the operator runs outside the cluster network (on a laptop), a JSON
+file named by `FLOTILLA_OPERATOR_MEMBER_URLS` maps `NS/POD` to `{"client": URL, "peer": URL}`
+instead; it is read on every lookup, so whoever starts the members can add them as they come.
+With TLS, the host of such a URL must be one of the names on the member's certificate.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
+import ssl
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+from urllib.parse import urlsplit
+
+from cryptography import x509
 
 from flotilla.client import Client, FlotillaError
 
@@ -28,9 +35,11 @@ ADMIN_TIMEOUT = 30.0  # joint changes answer once C_new is committed
 
 
 class Members:
-    def __init__(self, spec: ClusterSpec, token: str | None = None) -> None:
+    def __init__(self, spec: ClusterSpec, token: str | None = None,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         self.spec = spec
         self.token = token
+        self.ssl_context = ssl_context  # for https members: the cluster's CA (and our cert)
 
     def _override(self, member: str) -> Mapping[str, str] | None:
         path = os.environ.get(MEMBER_URLS_ENV)
@@ -61,16 +70,40 @@ class Members:
     def status(self, member: str) -> dict[str, Any] | None:
         url = self.client_url(member)
         try:
-            with Client(url, timeout=STATUS_TIMEOUT, retries=0, token=self.token) as c:
+            with Client(url, timeout=STATUS_TIMEOUT, retries=0, token=self.token,
+                        ssl_context=self.ssl_context) as c:
                 return c.status(url)
         except (FlotillaError, ValueError, OSError):
             return None
+
+    def served_serials(self, members: Iterable[str]) -> dict[str, int | None]:
+        """The serial number of the certificate each member serves on its client port (None
+        when it does not answer, or speaks plain HTTP), asked in parallel."""
+        names = list(members)
+        if not names or self.ssl_context is None:
+            return dict.fromkeys(names)
+        with ThreadPoolExecutor(max_workers=min(8, len(names))) as pool:
+            return dict(zip(names, pool.map(self.served_serial, names), strict=True))
+
+    def served_serial(self, member: str) -> int | None:
+        url = urlsplit(self.client_url(member))
+        if url.scheme != "https" or self.ssl_context is None or url.hostname is None:
+            return None
+        try:
+            with socket.create_connection((url.hostname, url.port or 443),
+                                          timeout=STATUS_TIMEOUT) as raw, \
+                    self.ssl_context.wrap_socket(raw, server_hostname=url.hostname) as tls:
+                der = tls.getpeercert(binary_form=True)
+        except (OSError, ValueError):
+            return None
+        return x509.load_der_x509_certificate(der).serial_number if der else None
 
     def carry_out(self, action: Action, reachable: Iterable[str]) -> None:
         """One membership step through the admin API of any member that answers (followers
         forward to the leader). Raises FlotillaError when it was refused or failed."""
         urls = [self.client_url(m) for m in reachable]
-        with Client(urls, timeout=ADMIN_TIMEOUT, token=self.token) as c:
+        with Client(urls, timeout=ADMIN_TIMEOUT, token=self.token,
+                    ssl_context=self.ssl_context) as c:
             joining = action.member if action.step is Step.ADD_LEARNER else None
             if joining is None:
                 call(c, action, "", "")
@@ -79,7 +112,8 @@ class Members:
 
     def snapshot(self, reachable: Iterable[str]) -> dict[str, Any]:
         urls = [self.client_url(m) for m in reachable]
-        with Client(urls, timeout=ADMIN_TIMEOUT, token=self.token) as c:
+        with Client(urls, timeout=ADMIN_TIMEOUT, token=self.token,
+                    ssl_context=self.ssl_context) as c:
             return c.snapshot()
 
 

@@ -28,8 +28,10 @@ The rules, in the order they are tried (the first that applies is the step):
    volume) is wiped first: a removed member never rejoins on its old data. A learner that
    has not caught up within the timeout is removed and added again (never promoted).
 6. Rolling restart (only once the membership is as asked): members whose pod runs an older
-   template than the StatefulSet's restart one at a time, each only when every member answers
-   and has caught up, followers first; leadership moves off the leader before its turn.
+   template than the StatefulSet's, or that serve an older certificate than their Secret
+   holds (it was renewed; the node reads its files at start), restart one at a time, each
+   only when every member answers and has caught up, followers first; leadership moves off
+   the leader before its turn.
 """
 
 from __future__ import annotations
@@ -141,6 +143,8 @@ class Slot:
     exit_code: int | None = None  # the last exit of its member process (crash loop), if any
     volume: bool = True  # its PVC / data dir exists
     outdated: bool = False  # its pod runs an older template than the StatefulSet's
+    # it serves another certificate than its Secret holds (renewed since it started)
+    stale_certificate: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,8 +269,8 @@ def plan(obs: Observed) -> Plan:
         return done(Step.CHANGE_VOTERS, f"{', '.join(new_learners)} caught up and become "
                     "voters", "Scaling", voters=target)
 
-    # 6. roll members onto a new pod template, one at a time, the leader last.
-    outdated = [n for n in names[: obs.size] if slots[n].outdated and n in members]
+    # 6. roll members onto a new pod template (or certificate), one at a time, the leader last.
+    outdated = [n for n in names[: obs.size] if _restart_due(slots[n]) and n in members]
     if outdated:
         behind = [n for n in sorted(members) if _status(slots.get(n)) is None
                   or not caught_up(_match(progress, n), commit)]
@@ -275,17 +279,19 @@ def plan(obs: Observed) -> Plan:
                         "answer and catch up before the next restart", "Upgrading")
         followers = [n for n in outdated if n != leader]
         if followers:
-            return done(Step.RESTART_MEMBER, f"{followers[0]} runs an old pod template: "
-                        "restarted on the new one (followers first, one at a time)",
+            return done(Step.RESTART_MEMBER, f"{followers[0]} {_restart_why(slots[followers[0]])}"
+                        ": restarted on the new one (followers first, one at a time)",
                         "Upgrading", member=followers[0])
-        current = [n for n in sorted(voters) if n != leader and not slots[n].outdated]
+        current = [n for n in sorted(voters) if n != leader and not _restart_due(slots[n])]
         if current:
             target = max(current, key=lambda n: _match(progress, n) or 0)
-            return done(Step.TRANSFER_LEADER, f"the leader {leader} is the last on the old pod "
-                        f"template; leadership moves to {target} before it restarts",
+            what = ("old pod template" if slots[leader].outdated
+                    else "certificate its Secret no longer holds")
+            return done(Step.TRANSFER_LEADER, f"the leader {leader} is the last on the {what}; "
+                        f"leadership moves to {target} before it restarts",
                         "Upgrading", member=target)
-        return done(Step.RESTART_MEMBER, f"{leader} runs an old pod template and is the only "
-                    "voter: restarted on the new one", "Upgrading", member=leader)
+        return done(Step.RESTART_MEMBER, f"{leader} {_restart_why(slots[leader])} and is the "
+                    "only voter: restarted on the new one", "Upgrading", member=leader)
 
     if obs.delete_removed_volumes:
         for name in names[obs.size:]:
@@ -294,6 +300,16 @@ def plan(obs: Observed) -> Plan:
                             "Delete", "Scaling", member=name)
     return done(Step.DONE, f"{len(voters)} voters, as asked", "Degraded" if degraded
                 else "Ready")
+
+
+def _restart_due(slot: Slot) -> bool:
+    return slot.outdated or slot.stale_certificate
+
+
+def _restart_why(slot: Slot) -> str:
+    if slot.outdated:
+        return "runs an old pod template"
+    return "serves an older certificate than its Secret holds"
 
 
 # --- observations ---------------------------------------------------------------------------

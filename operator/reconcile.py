@@ -11,8 +11,9 @@ patched only where they differ, and the step is recomputed from scratch on every
 
 from __future__ import annotations
 
-import base64
+import dataclasses
 import logging
+import os
 import re
 import time
 from collections.abc import Mapping
@@ -22,11 +23,11 @@ from typing import Any
 
 from flotilla.client import FlotillaError
 
-from . import archivejobs, render, restorejob
+from . import archivejobs, certs, render, restorejob, tlsassets
 from .jobs import foreign
 from .kube import ApiError, Kube
 from .members import Members
-from .planner import CatchUp, Observed, Plan, Record, Slot, Step, plan
+from .planner import Action, CatchUp, Observed, Plan, Record, Slot, Step, plan
 from .restorejob import Move, Stage
 from .spec import ARCHIVE_JOBS, ClusterSpec, SpecError
 
@@ -46,6 +47,10 @@ REASONS = {
     Step.RESTART_MEMBER: "MemberRestarted",
 }
 REVISION_LABEL = "controller-revision-hash"  # set on each pod by the StatefulSet controller
+# Where the operator runs (the chart sets both from its pod): the NetworkPolicy of every
+# cluster lets this namespace's pods with these labels reach the members' client port.
+OPERATOR_NAMESPACE_ENV = "FLOTILLA_OPERATOR_NAMESPACE"
+OPERATOR_POD_LABELS_ENV = "FLOTILLA_OPERATOR_POD_LABELS"  # k=v,k=v
 _ORDINAL = re.compile(r"-(\d+)$")
 # What may change in an owned object after creation (the rest is immutable, or the API
 # server's to fill in).
@@ -57,6 +62,9 @@ _MUTABLE = {
     "CronJob": ("schedule", "timeZone", "suspend", "concurrencyPolicy",
                 "startingDeadlineSeconds", "successfulJobsHistoryLimit",
                 "failedJobsHistoryLimit", "jobTemplate"),
+    "NetworkPolicy": ("podSelector", "policyTypes", "ingress"),
+    "Certificate": ("secretName", "commonName", "dnsNames", "ipAddresses", "duration",
+                    "renewBefore", "usages", "privateKey", "issuerRef", "secretTemplate"),
 }
 
 
@@ -92,19 +100,33 @@ def reconcile(kube: Kube, body: Mapping[str, Any], *, default_image: str,
         if not stage.restored:
             return Outcome(_restoring_status(spec, old, stage), events)
 
-    members = Members(spec, _token(kube, spec))
+    # The Secrets members need before they run: the admin token, the certificates.
+    token, problem, found = tlsassets.admin_token(kube, spec)
+    events += found
+    if problem is not None:
+        return _blocked(spec, old, problem, events)
     size = int((sts or {}).get("spec", {}).get("replicas") or 0)
     pods = {p["metadata"]["name"]: p for p in kube.list("Pod", spec.namespace, spec.selector)}
     pvcs = {p["metadata"]["name"] for p in kube.list("PersistentVolumeClaim", spec.namespace,
                                                      spec.selector)}
     highest = max([_ordinal(n) + 1 for n in [*pods, *(v[5:] for v in pvcs)]] or [0])
     names = spec.member_names(max(spec.replicas, size, highest))
+    tls = tlsassets.ensure(kube, spec, names, datetime.fromtimestamp(now, UTC))
+    events += tls.events
+    problem = tls.problem or _ensure_certificates(kube, tls.objects, events)
+    if problem is not None:
+        return _blocked(spec, old, problem, events)
+    members = Members(spec, token, tlsassets.client_context(tls.trust, tls.client_cert)
+                      if tls.trust is not None else None)
     running = [n for n in names if _running(pods.get(n))]
     statuses = members.statuses(running)
+    served = members.served_serials(running)
     revision = ((sts or {}).get("status") or {}).get("updateRevision")
     slots = {n: Slot(running=n in running, status=statuses.get(n),
                      exit_code=_exit_code(pods.get(n)), volume=_claim(n) in pvcs,
-                     outdated=_outdated(pods.get(n), revision))
+                     outdated=_outdated(pods.get(n), revision),
+                     stale_certificate=None not in (served.get(n), tls.serials.get(n))
+                     and served.get(n) != tls.serials.get(n))
              for n in names}
     result = plan(Observed(desired=spec.replicas, size=size, slots=slots, names=names,
                            record=record, now=now,
@@ -112,6 +134,14 @@ def reconcile(kube: Kube, body: Mapping[str, Any], *, default_image: str,
                            delete_removed_volumes=spec.storage.removed_volume_policy
                            == "Delete"))
     action = result.action
+    if action.step is Step.RESIZE and action.size is not None and action.size > size:
+        # No pod before its certificate: cert-manager writes Secrets in its own time.
+        waiting = [n for n in names[:action.size] if n not in tls.ready]
+        if waiting:
+            action = Action(Step.WAIT, f"waiting for the certificate Secrets of "
+                            f"{', '.join(waiting)} (spec.tls.issuerRef) before growing to "
+                            f"{action.size} pods")
+            result = dataclasses.replace(result, action=action)
     lead = result.leader_status or {}
     config = lead.get("config") or {}
     voters = list(config.get("voters") or [])
@@ -124,8 +154,11 @@ def reconcile(kube: Kube, body: Mapping[str, Any], *, default_image: str,
     bootstrapped = result.record.bootstrapped
     # After bootstrap --initial-cluster is inert (every pod starts `existing`): left out.
     bootstrap = names[:target_size] if not bootstrapped else []
+    if not spec.network.policy:
+        events += _no_network_policy(kube, spec)
     for obj in render.owned_objects(spec, bootstrap, bootstrapped, target_size,
-                                    voters=fewest or spec.replicas):
+                                    voters=fewest or spec.replicas,
+                                    operator_peer=operator_peer()):
         meta = obj["metadata"]
         current = sts if obj["kind"] == "StatefulSet" else kube.get(  # read once, above
             obj["kind"], meta["namespace"], meta["name"])
@@ -149,9 +182,65 @@ def reconcile(kube: Kube, body: Mapping[str, Any], *, default_image: str,
         else:
             events.append(("Normal", REASONS[action.step], action.describe()))
     status = _status(spec, old, result, pods, statuses, voters, step_error, stage)
+    status["tls"] = _replacing(old.get("tls") or {}, tls.status)
     if archive_jobs is not None:
         status["archiveJobs"] = archive_jobs
     return Outcome(status, events, result)
+
+
+def operator_peer() -> dict[str, Any] | None:
+    """The NetworkPolicy peer that is this operator: its namespace (and its pod's labels,
+    when known) from the environment the chart sets; None outside a cluster."""
+    namespace = os.environ.get(OPERATOR_NAMESPACE_ENV)
+    if not namespace:
+        return None
+    peer: dict[str, Any] = {"namespaceSelector": {"matchLabels": {
+        "kubernetes.io/metadata.name": namespace}}}
+    labels = dict(term.split("=", 1) for term in
+                  (os.environ.get(OPERATOR_POD_LABELS_ENV) or "").split(",") if "=" in term)
+    if labels:
+        peer["podSelector"] = {"matchLabels": labels}
+    return peer
+
+
+def _ensure_certificates(kube: Kube, objects: list[dict[str, Any]],
+                         events: list[tuple[str, str, str]]) -> tlsassets.Problem | None:
+    """The cert-manager Certificates, created or patched; a refusal that needs the user
+    (no cert-manager, no permission) becomes the Problem that holds the cluster."""
+    for obj in objects:
+        meta = obj["metadata"]
+        try:
+            if _ensure(kube, obj, kube.get(obj["kind"], meta["namespace"], meta["name"])):
+                events.append(("Normal", "Created", f"Certificate {meta['name']}"))
+        except ApiError as exc:
+            problem = tlsassets.problem_from_api(exc, obj["kind"])
+            if problem is None:
+                raise
+            return problem
+    return None
+
+
+def _no_network_policy(kube: Kube, spec: ClusterSpec) -> list[tuple[str, str, str]]:
+    """spec.network.policy is false: the cluster's NetworkPolicy goes, if the operator made
+    one (one of another owner is left alone)."""
+    current = kube.get("NetworkPolicy", spec.namespace, spec.name)
+    if current is None or foreign(current, spec.uid):
+        return []
+    kube.delete("NetworkPolicy", spec.namespace, spec.name)
+    return [("Normal", "Deleted", f"NetworkPolicy {spec.name}: spec.network.policy is false")]
+
+
+def _blocked(spec: ClusterSpec, old: Mapping[str, Any], problem: tlsassets.Problem,
+             events: list[tuple[str, str, str]]) -> Outcome:
+    """A Secret the members need is missing or unusable: nothing is created or changed
+    until it is fixed; Ready says why, one Warning too."""
+    status: dict[str, Any] = {"phase": "Invalid", "observedGeneration": spec.generation,
+                              "lastAction": f"nothing: {problem.message}"}
+    status["conditions"] = _conditions(old, {
+        "Ready": (False, problem.reason, problem.message),
+        "Progressing": (False, problem.reason, "fix the Secret; nothing is changed meanwhile"),
+    }, spec.generation)
+    return Outcome(status, [*events, ("Warning", problem.reason, problem.message)])
 
 
 def finalize(kube: Kube, body: Mapping[str, Any], *, default_image: str) -> str:
@@ -164,11 +253,13 @@ def finalize(kube: Kube, body: Mapping[str, Any], *, default_image: str) -> str:
         return f"no final snapshot: the spec is invalid ({exc})"
     if spec.archive is None or not spec.final_snapshot:
         return "no final snapshot (no archive, or spec.deletion.finalSnapshot is false)"
-    members = Members(spec, _token(kube, spec))
     pods = kube.list("Pod", spec.namespace, spec.selector)
     running = [p["metadata"]["name"] for p in pods if _running(p)]
     if not running:
         return "no final snapshot: no member runs"
+    trust, client_cert = tlsassets.trusted(kube, spec, running)
+    members = Members(spec, _token(kube, spec), tlsassets.client_context(trust, client_cert)
+                      if trust is not None else None)
     doc = members.snapshot(running)
     return f"final snapshot at index {doc['index']} shipped to {doc.get('location')}"
 
@@ -394,12 +485,10 @@ def _exit_code(pod: Mapping[str, Any] | None) -> int | None:
 
 
 def _token(kube: Kube, spec: ClusterSpec) -> str | None:
-    ref = spec.admin_token
-    if ref is None:
-        return None
-    secret = kube.get("Secret", spec.namespace, ref.name) or {}
-    data = (secret.get("data") or {}).get(ref.key)
-    return base64.b64decode(data).decode() if data else None
+    """The admin token as it is (nothing is created): for the final snapshot."""
+    ref = spec.admin_token_secret
+    value = certs.decode(kube.get("Secret", spec.namespace, ref.name)).get(ref.key)
+    return value.decode("utf-8", "surrogateescape") if value else None
 
 
 def _generation(body: Mapping[str, Any]) -> int:

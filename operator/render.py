@@ -20,6 +20,7 @@ from .spec import (
     ARCHIVE_JOBS,
     CLIENT_PORT,
     KIND,
+    MAX_REPLICAS,
     PEER_PORT,
     ClusterSpec,
     Compaction,
@@ -31,6 +32,26 @@ DATA_DIR = f"{MOUNT_PATH}/data"  # a subdirectory: a fresh ext4 volume holds los
 VOLUME = "data"
 CONTAINER = "node"
 RUN_AS = 10001  # the image's non-root user and group
+# TLS: every member Secret (MEMBER-tls) is projected, each under its member's name, into a
+# volume only the init container mounts; it copies its own member's three files into a
+# memory-backed emptyDir, the only one the node container sees. A pod template is shared by
+# every pod of a StatefulSet, so it cannot name one pod's Secret; this way no member process
+# can read another member's key.
+TLS_DIR = "/var/run/flotilla/tls"
+TLS_VOLUME = "tls"
+MEMBER_CERTS_DIR = "/var/run/flotilla/members"
+MEMBER_CERTS_VOLUME = "member-certificates"
+TLS_INIT_CONTAINER = "tls"
+TLS_FILES = ("tls.crt", "tls.key", "ca.crt")
+# With clientCertAuth the kubelet's httpGet probes (which show no certificate) would fail the
+# handshake: the probes run in the container instead, showing the member's own certificate.
+_PROBE_SCRIPT = (
+    "import ssl,sys,urllib.request as u;"
+    f"d='{TLS_DIR}/';"
+    "c=ssl.create_default_context(cafile=d+'ca.crt');"
+    "c.load_cert_chain(d+'tls.crt',d+'tls.key');"
+    f"u.urlopen('https://localhost:{CLIENT_PORT}'+sys.argv[1],context=c,timeout=4)"
+)
 
 Manifest = dict[str, Any]
 
@@ -53,15 +74,19 @@ def owned_objects(
     bootstrapped: bool,
     statefulset_replicas: int,
     voters: int | None = None,
+    operator_peer: Manifest | None = None,
 ) -> list[Manifest]:
     """Every owned object, in the order to create them (the StatefulSet names the peer Service
-    and the bootstrap ConfigMap).
+    and the bootstrap ConfigMap; the NetworkPolicy comes before any pod).
 
     `voters` sizes the PodDisruptionBudget: the voters of the committed configuration,
-    spec.replicas when not given.
+    spec.replicas when not given. `operator_peer`: how the NetworkPolicy lets the operator in
+    (see `network_policy`).
     """
+    policy = [network_policy(spec, operator_peer)] if spec.network.policy else []
     return [
         bootstrap_config(spec, bootstrap_members, bootstrapped),
+        *policy,
         peer_service(spec),
         client_service(spec),
         statefulset(spec, bootstrap_members, bootstrapped, statefulset_replicas),
@@ -105,14 +130,56 @@ def statefulset(
 
 
 def pod_spec(spec: ClusterSpec, bootstrap_members: Sequence[str], bootstrapped: bool) -> Manifest:
-    """The member pod: one non-root container; it needs neither the API nor service links."""
-    return {
+    """The member pod: one non-root container (and with TLS an init container that hands it
+    its own certificate); it needs neither the API nor service links."""
+    pod: Manifest = {
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,  # NAME_PORT-style variables would crowd the FLOTILLA_* env
         "terminationGracePeriodSeconds": 30,
         "securityContext": _pod_security(),
         "affinity": _spread_over_nodes(spec),
         "containers": [_container(spec, node_env(spec, bootstrap_members, bootstrapped))],
+    }
+    if spec.tls.enabled:
+        pod["initContainers"] = [_tls_init_container(spec)]
+        pod["volumes"] = tls_volumes(spec)
+    return pod
+
+
+def tls_volumes(spec: ClusterSpec) -> list[Manifest]:
+    """The member Secrets MEMBER-tls of every ordinal a member can have, projected each under
+    its member's name (optional: a Secret that does not exist yet is left out, so the
+    template never changes when the cluster grows); and the memory-backed directory the init
+    container copies the pod's own files into."""
+    sources = [{"secret": {"name": spec.member_tls_secret(member), "optional": True,
+                           "items": [{"key": key, "path": f"{member}/{key}"}
+                                     for key in TLS_FILES]}}
+               for member in spec.member_names(MAX_REPLICAS)]
+    return [
+        {"name": MEMBER_CERTS_VOLUME,
+         "projected": {"sources": sources, "defaultMode": 0o440}},
+        {"name": TLS_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
+    ]
+
+
+def _tls_init_container(spec: ClusterSpec) -> Manifest:
+    """Copies this pod's tls.crt, tls.key and ca.crt (readable by the node's user only) from
+    the projected member Secrets into the node's TLS directory; fails, and is retried by the
+    kubelet, while the pod's Secret is not there yet."""
+    own = f"{MEMBER_CERTS_DIR}/$(FLOTILLA_NAME)"
+    return {
+        "name": TLS_INIT_CONTAINER,
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": ["install", "-m", "0400", *(f"{own}/{f}" for f in TLS_FILES), f"{TLS_DIR}/"],
+        "env": [{"name": "FLOTILLA_NAME",
+                 "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+        "resources": {"requests": {"cpu": "10m", "memory": "16Mi"},
+                      "limits": {"memory": "64Mi"}},
+        "volumeMounts": [{"name": MEMBER_CERTS_VOLUME, "mountPath": MEMBER_CERTS_DIR,
+                          "readOnly": True},
+                         {"name": TLS_VOLUME, "mountPath": TLS_DIR}],
+        "securityContext": _container_security(),
     }
 
 
@@ -156,7 +223,15 @@ def node_env(
             _value("FLOTILLA_RESTORE_CLUSTER_ID",
                    spec.restored_cluster_id or spec.restore.cluster_id),
         ]
-    env.append(_secret("FLOTILLA_ADMIN_TOKEN", spec.admin_token))
+    if spec.tls.enabled:
+        # The same certificate serves both ports and identifies the member to its peers.
+        env += [_value(f"FLOTILLA_{prefix}{flag}", f"{TLS_DIR}/{name}")
+                for prefix in ("", "PEER_")
+                for flag, name in (("CERT_FILE", "tls.crt"), ("KEY_FILE", "tls.key"),
+                                   ("TRUSTED_CA_FILE", "ca.crt"))]
+        if spec.tls.client_cert_auth:
+            env.append(_value("FLOTILLA_CLIENT_CERT_AUTH", "true"))
+    env.append(_secret("FLOTILLA_ADMIN_TOKEN", spec.admin_token_secret))
     return [var for var in env if var is not None]
 
 
@@ -296,11 +371,7 @@ def _pipeline_job_spec(spec: ClusterSpec, container_name: str, command: list[str
         "volumeMounts": [{"name": SCRATCH_VOLUME, "mountPath": SCRATCH_PATH}],
         "terminationMessagePath": TERMINATION_LOG,
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        "securityContext": _container_security(),
     }
     return {
         "backoffLimit": backoff_limit,
@@ -399,6 +470,39 @@ def pod_disruption_budget(spec: ClusterSpec, voters: int) -> Manifest:
     }
 
 
+def network_policy(spec: ClusterSpec, operator_peer: Manifest | None = None) -> Manifest:
+    """Who may reach the members. The peer port: the cluster's own pods only. The client port:
+    its own pods (followers forward to the leader), spec.network.clientFrom (by default
+    every pod of the namespace), and the operator (`operator_peer`, for admin calls; None when
+    the operator does not know where it runs). Egress is left alone (archive, DNS).
+
+    A rule whose `from` is empty would admit everyone, so with no client peers at all there is
+    no client rule."""
+    own = {"podSelector": {"matchLabels": dict(spec.selector_labels)}}
+    clients = [dict(peer) for peer in (spec.network.client_from
+                                       if spec.network.client_from is not None
+                                       else ({"podSelector": {}},))]
+    if operator_peer is not None and operator_peer not in clients:
+        clients.append(operator_peer)
+    ingress: list[Manifest] = [{
+        "from": [own],
+        "ports": [{"protocol": "TCP", "port": PEER_PORT},
+                  {"protocol": "TCP", "port": CLIENT_PORT}],
+    }]
+    if clients:
+        ingress.append({"from": clients, "ports": [{"protocol": "TCP", "port": CLIENT_PORT}]})
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(spec, spec.name),
+        "spec": {
+            "podSelector": {"matchLabels": dict(spec.selector_labels)},
+            "policyTypes": ["Ingress"],
+            "ingress": ingress,
+        },
+    }
+
+
 # --- parts ---------------------------------------------------------------------------------
 
 
@@ -434,37 +538,50 @@ def _container(spec: ClusterSpec, env: list[Manifest]) -> Manifest:
         "env": env,
         "volumeMounts": [{"name": VOLUME, "mountPath": MOUNT_PATH}],
         "readinessProbe": {
-            "httpGet": {"path": "/readyz", "port": "client"},
+            **_probe(spec, "/readyz"),
             "periodSeconds": 5,
             "failureThreshold": 3,
         },
         # A member serves HTTP only once its data dir is recovered, or its first state
         # restored from the archive: up to an hour before liveness applies.
         "startupProbe": {
-            "httpGet": {"path": "/healthz", "port": "client"},
+            **_probe(spec, "/healthz"),
             "periodSeconds": 10,
             "failureThreshold": 360,
         },
         "livenessProbe": {  # generous: a busy member (snapshot, catch-up) must not be killed
-            "httpGet": {"path": "/healthz", "port": "client"},
+            **_probe(spec, "/healthz"),
             "periodSeconds": 10,
             "failureThreshold": 6,
         },
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        "securityContext": _container_security(),
+        "resources": spec.container_resources,
     }
-    resources = {
-        kind: dict(values)
-        for kind, values in (("requests", spec.resources.requests),
-                             ("limits", spec.resources.limits))
-        if values
-    }
-    if resources:
-        container["resources"] = resources
+    if spec.tls.enabled:
+        container["volumeMounts"].append({"name": TLS_VOLUME, "mountPath": TLS_DIR,
+                                          "readOnly": True})
     return container
+
+
+def _probe(spec: ClusterSpec, path: str) -> Manifest:
+    """The kubelet's check of `path` on the client port: plain HTTP, HTTPS (the kubelet does
+    not verify the certificate), or, when members ask clients for a certificate, a command in
+    the container that shows the member's own."""
+    if spec.tls.client_cert_auth:
+        return {"exec": {"command": ["python", "-c", _PROBE_SCRIPT, path]},
+                "timeoutSeconds": 5}
+    probe: Manifest = {"path": path, "port": "client"}
+    if spec.tls.enabled:
+        probe["scheme"] = "HTTPS"
+    return {"httpGet": probe}
+
+
+def _container_security() -> Manifest:
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
 
 
 def _volume_claim(spec: ClusterSpec) -> Manifest:

@@ -12,6 +12,8 @@ planner tests import it without kopf.
 
 from __future__ import annotations
 
+import copy
+import ipaddress
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -67,6 +69,21 @@ _CRON_FIELDS = (  # name, lowest, highest, names for 1.. or 0.. upwards
 # job it runs, which also names its CronJob (NAME-compact, NAME-export).
 ARCHIVE_JOBS = {"compaction": "compact", "export": "export"}
 MAX_CRONJOB_NAME_LENGTH = 52  # the API server's limit: Job names add 11 characters
+# Member certificates live a year unless spec.tls.duration says otherwise, and are renewed
+# when a third of their lifetime is left (cert-manager's default renewal point).
+DEFAULT_CERTIFICATE_DURATION = "8760h"
+MIN_CERTIFICATE_SECONDS = 3600  # cert-manager's own floor for a Certificate's duration
+CERT_MANAGER_GROUP = "cert-manager.io"
+ISSUER_KINDS = ("Issuer", "ClusterIssuer")
+# The member container's requests and limits when spec.resources sets none (docs/operator.md
+# says why): the scheduler reserves a quarter of a core and 512 MiB, and memory is capped at
+# 1 GiB. No CPU limit: CFS throttling stretches heartbeats past the election timeout.
+DEFAULT_RESOURCES = {"requests": {"cpu": "250m", "memory": "512Mi"},
+                     "limits": {"memory": "1Gi"}}
+# What a NetworkPolicy peer (spec.network.clientFrom) may hold, as the API server reads it.
+_PEER_KEYS = ("podSelector", "namespaceSelector", "ipBlock")
+_SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
+_SECRET_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 
 
 class SpecError(ValueError):
@@ -167,6 +184,59 @@ class Restore:
 
 
 @dataclass(frozen=True)
+class IssuerRef:
+    """spec.tls.issuerRef: the cert-manager Issuer or ClusterIssuer that signs the members'
+    certificates (the operator then renders cert-manager Certificates instead of issuing)."""
+
+    name: str
+    kind: str = "Issuer"
+    group: str = CERT_MANAGER_GROUP
+
+
+@dataclass(frozen=True)
+class Tls:
+    """spec.tls: TLS on both member ports, on by default.
+
+    Who signs the member certificates: cert-manager (`issuer_ref`), a CA of the user's own in
+    the Secret `secret_name` (its tls.crt and tls.key), or by default a CA the operator makes
+    for the cluster (the Secret NAME-ca)."""
+
+    enabled: bool = True
+    issuer_ref: IssuerRef | None = None
+    client_cert_auth: bool = False  # clients (the operator too) must show a certificate
+    secret_name: str | None = None
+    duration: str = DEFAULT_CERTIFICATE_DURATION
+    # A cluster that bootstrapped before spec.tls existed (its status records no TLS): it runs
+    # without TLS whatever the defaulted spec says, as its committed peer URLs are http.
+    legacy: bool = False
+
+    @property
+    def issuer(self) -> str:
+        """Who signs, in words that status.tls.issuer records: `operator`, `secret/NAME`,
+        `cert-manager/KIND/NAME`; `none` without TLS."""
+        if not self.enabled:
+            return "none"
+        if self.issuer_ref is not None:
+            return f"cert-manager/{self.issuer_ref.kind}/{self.issuer_ref.name}"
+        if self.secret_name is not None:
+            return f"secret/{self.secret_name}"
+        return "operator"
+
+    @property
+    def seconds(self) -> int:
+        return seconds(self.duration)
+
+
+@dataclass(frozen=True)
+class Network:
+    """spec.network: the NetworkPolicy the operator renders for the cluster."""
+
+    policy: bool = True
+    # NetworkPolicy peers allowed to reach the client port; None: every pod of the namespace.
+    client_from: tuple[dict[str, Any], ...] | None = None
+
+
+@dataclass(frozen=True)
 class Timing:
     election_timeout_ms: int = 1000
     heartbeat_ms: int = 100
@@ -191,6 +261,8 @@ class ClusterSpec:
     admin_token: SecretKey | None
     final_snapshot: bool  # only acted on with an archive: there is nowhere else to ship it
     cluster_id: str
+    tls: Tls = field(default_factory=Tls)
+    network: Network = field(default_factory=Network)
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any], default_image: str = DEFAULT_IMAGE) -> ClusterSpec:
@@ -208,6 +280,8 @@ class ClusterSpec:
         restore = _bootstrap(spec.section("bootstrap")) if spec.present("bootstrap") else None
         admin_token = (_secret_key(spec.section("adminTokenSecret"), "key", "token")
                        if spec.present("adminTokenSecret") else None)
+        tls = _tls_as_running(_tls(spec.section("tls"), name),
+                              status if isinstance(status, Mapping) else {})
         return cls(
             name=name,
             namespace=namespace,
@@ -227,6 +301,8 @@ class ClusterSpec:
             admin_token=admin_token,
             final_snapshot=spec.section("deletion").boolean("finalSnapshot", default=True),
             cluster_id=_cluster_id(spec, recorded_id, namespace, name, uid),
+            tls=tls,
+            network=_network(spec.section("network")),
         )
 
     # --- names every owned object and member derives from ------------------------------------
@@ -305,11 +381,64 @@ class ClusterSpec:
         """The member's stable DNS name through the headless peer Service."""
         return f"{member}.{self.peer_service_name}.{self.namespace}.svc"
 
+    @property
+    def scheme(self) -> str:
+        """How members are dialled: https on both ports with TLS (the default), else http."""
+        return "https" if self.tls.enabled else "http"
+
     def peer_url(self, member: str) -> str:
-        return f"http://{self.member_host(member)}:{PEER_PORT}"
+        return f"{self.scheme}://{self.member_host(member)}:{PEER_PORT}"
 
     def client_url(self, member: str) -> str:
-        return f"http://{self.member_host(member)}:{CLIENT_PORT}"
+        return f"{self.scheme}://{self.member_host(member)}:{CLIENT_PORT}"
+
+    @property
+    def admin_token_secret(self) -> SecretKey:
+        """Where the members' admin token is: spec.adminTokenSecret, else the Secret the
+        operator generates, NAME-admin-token (key `token`)."""
+        return self.admin_token or SecretKey(f"{self.name}-admin-token", "token")
+
+    @property
+    def container_resources(self) -> dict[str, dict[str, str]]:
+        """The member container's resources: spec.resources, or DEFAULT_RESOURCES when it
+        sets neither requests nor limits."""
+        own = {kind: dict(values) for kind, values in (("requests", self.resources.requests),
+                                                       ("limits", self.resources.limits))
+               if values}
+        return own or {kind: dict(values) for kind, values in DEFAULT_RESOURCES.items()}
+
+    # --- TLS: the Secrets and the names on the certificates ------------------------------------
+
+    @property
+    def ca_secret_name(self) -> str | None:
+        """The Secret of the CA the operator signs member certificates with: the user's
+        (spec.tls.secretName) or its own NAME-ca; None when cert-manager signs."""
+        if self.tls.issuer_ref is not None:
+            return None
+        return self.tls.secret_name or f"{self.name}-ca"
+
+    @staticmethod
+    def member_tls_secret(member: str) -> str:
+        """The Secret holding a member's certificate, key and CA (tls.crt, tls.key, ca.crt)."""
+        return f"{member}-tls"
+
+    @property
+    def client_tls_secret(self) -> str:
+        """The client certificate the operator shows members run with clientCertAuth."""
+        return f"{self.name}-client-tls"
+
+    def member_dns_names(self, member: str) -> list[str]:
+        """The names on a member's certificate: the member's own name first (the peers'
+        identity check reads it), its DNS names under the headless peer Service, the client
+        Service's names, and localhost (`kubectl port-forward`, the probes)."""
+        peers, ns, svc = self.peer_service_name, self.namespace, self.client_service_name
+        return [
+            member,
+            f"{member}.{peers}", f"{member}.{peers}.{ns}", f"{member}.{peers}.{ns}.svc",
+            f"{member}.{peers}.{ns}.svc.cluster.local",
+            svc, f"{svc}.{ns}", f"{svc}.{ns}.svc", f"{svc}.{ns}.svc.cluster.local",
+            "localhost", "127.0.0.1",
+        ]
 
     def initial_cluster(self, members: Sequence[str]) -> str:
         """The node's --initial-cluster for these members: N1=URL,N2=URL."""
@@ -583,6 +712,165 @@ def _bootstrap(fields: _Fields) -> Restore | None:
             "at that log index; time: the state after the last entry at or before it)"
         )
     return Restore(url=url, cluster_id=cluster_id, index=index, time=time)
+
+
+def _tls(fields: _Fields, name: str) -> Tls:
+    enabled = fields.boolean("enabled", default=True)
+    client_cert_auth = fields.boolean("clientCertAuth", default=False)
+    duration = fields.string("duration") or DEFAULT_CERTIFICATE_DURATION
+    if not _DURATION.fullmatch(duration) or seconds(duration) < MIN_CERTIFICATE_SECONDS:
+        raise SpecError(
+            f"{fields.where('duration')} must be a duration of at least 1h, in hours, minutes "
+            f"or seconds of at most 6 digits, such as 8760h (a year) or 2160h, not {duration!r}"
+        )
+    issuer_ref = None
+    if fields.present("issuerRef"):
+        ref = fields.section("issuerRef")
+        issuer_ref = IssuerRef(
+            name=_dns_name(ref, "name", "the cert-manager Issuer or ClusterIssuer"),
+            kind=ref.choice("kind", ISSUER_KINDS, "Issuer"),
+            group=ref.string("group") or CERT_MANAGER_GROUP,
+        )
+    secret_name = (_dns_name(fields, "secretName", "a Secret holding your CA's tls.crt and "
+                             "tls.key") if fields.present("secretName") else None)
+    if issuer_ref is not None and secret_name is not None:
+        raise SpecError(
+            f"{fields.path} sets both issuerRef and secretName: give one (issuerRef: "
+            "cert-manager signs the member certificates; secretName: the operator signs them "
+            "with the CA in that Secret)"
+        )
+    if not enabled:
+        given = [key for key in ("issuerRef", "secretName") if fields.present(key)]
+        if client_cert_auth:
+            given.append("clientCertAuth")
+        if given:
+            raise SpecError(
+                f"{fields.path}.enabled is false, so {' and '.join(given)} would do nothing: "
+                "remove them, or turn TLS on"
+            )
+    if secret_name is not None and secret_name == f"{name}-ca":
+        raise SpecError(
+            f"{fields.where('secretName')} must not be {secret_name!r}: that is the name of "
+            "the CA Secret the operator makes itself; leave secretName out to use it"
+        )
+    return Tls(enabled=enabled, issuer_ref=issuer_ref, client_cert_auth=client_cert_auth,
+               secret_name=secret_name, duration=duration)
+
+
+def _tls_as_running(tls: Tls, status: Mapping[str, Any]) -> Tls:
+    """spec.tls, checked against how the cluster runs. Once it has bootstrapped, whether it
+    speaks TLS and who signs its certificates stay: the committed configuration holds every
+    member's peer URL (http or https), and members signed by two CAs during a change would
+    refuse each other. A cluster that bootstrapped before spec.tls existed records no TLS in
+    its status: it keeps running without (the API server fills in `enabled: true` for it)."""
+    recorded = status.get("tls")
+    if not status.get("bootstrapped"):
+        return tls
+    if not isinstance(recorded, Mapping) or recorded.get("legacy") is True:
+        return Tls(enabled=False, legacy=True)
+    if isinstance(recorded.get("enabled"), bool) and recorded["enabled"] != tls.enabled:
+        raise SpecError(
+            f"spec.tls.enabled cannot change once the cluster has bootstrapped (it runs with "
+            f"TLS {'on' if recorded['enabled'] else 'off'}): the committed configuration holds "
+            "every member's peer URL; set it back, or restore the archive into a new "
+            "RaftCluster"
+        )
+    issuer = recorded.get("issuer")
+    if isinstance(issuer, str) and tls.enabled and issuer != tls.issuer:
+        raise SpecError(
+            f"spec.tls.issuerRef and spec.tls.secretName cannot change once the cluster has "
+            f"bootstrapped (its certificates come from {issuer}, the spec now says "
+            f"{tls.issuer}): members signed by two CAs would refuse each other; set them back"
+        )
+    return tls
+
+
+def _network(fields: _Fields) -> Network:
+    policy = fields.boolean("policy", default=True)
+    value = fields.values.get("clientFrom")
+    if value is None:
+        return Network(policy=policy)
+    where = fields.where("clientFrom")
+    if not isinstance(value, list):
+        raise SpecError(f"{where} must be a list of NetworkPolicy peers (such as "
+                        "[{podSelector: {matchLabels: {app: orders}}}]), not {value!r}")
+    return Network(policy=policy, client_from=tuple(
+        _network_peer(peer, f"{where}[{i}]") for i, peer in enumerate(value)))
+
+
+def _network_peer(peer: object, where: str) -> dict[str, Any]:
+    """One NetworkPolicyPeer, checked as the API server would: podSelector and/or
+    namespaceSelector, or ipBlock alone."""
+    if not isinstance(peer, Mapping) or not peer:
+        raise SpecError(f"{where} must be a NetworkPolicy peer: an object with podSelector, "
+                        f"namespaceSelector or ipBlock, not {peer!r}")
+    unknown = sorted(set(peer) - set(_PEER_KEYS))
+    if unknown:
+        raise SpecError(f"{where} has {', '.join(unknown)}: a NetworkPolicy peer takes only "
+                        "podSelector, namespaceSelector and ipBlock")
+    if "ipBlock" in peer and len(peer) > 1:
+        raise SpecError(f"{where} sets ipBlock with a selector: ipBlock stands alone")
+    out: dict[str, Any] = {}
+    for key in ("podSelector", "namespaceSelector"):
+        if key in peer:
+            out[key] = _label_selector(peer[key], f"{where}.{key}")
+    if "ipBlock" in peer:
+        out["ipBlock"] = _ip_block(peer["ipBlock"], f"{where}.ipBlock")
+    return out
+
+
+def _label_selector(selector: object, where: str) -> dict[str, Any]:
+    fields = _Fields(selector, where)
+    unknown = sorted(set(fields.values) - {"matchLabels", "matchExpressions"})
+    if unknown:
+        raise SpecError(f"{where} has {', '.join(unknown)}: a label selector takes "
+                        "matchLabels and matchExpressions")
+    labels = fields.values.get("matchLabels") or {}
+    if not isinstance(labels, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
+        raise SpecError(f"{where}.matchLabels must map label names to string values, not "
+                        f"{labels!r}")
+    expressions = fields.values.get("matchExpressions") or []
+    if not isinstance(expressions, list):
+        raise SpecError(f"{where}.matchExpressions must be a list, not {expressions!r}")
+    for i, expression in enumerate(expressions):
+        at = f"{where}.matchExpressions[{i}]"
+        if not isinstance(expression, Mapping) or not isinstance(expression.get("key"), str):
+            raise SpecError(f"{at} must be an object with a key, an operator and values")
+        operator = expression.get("operator")
+        if operator not in _SELECTOR_OPERATORS:
+            raise SpecError(f"{at}.operator must be {' or '.join(_SELECTOR_OPERATORS)}, not "
+                            f"{operator!r}")
+        values = expression.get("values") or []
+        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+            raise SpecError(f"{at}.values must be a list of strings, not {values!r}")
+        listed = operator in ("In", "NotIn")
+        if listed != bool(values):
+            raise SpecError(f"{at}: {operator} takes {'a non-empty' if listed else 'no'} list "
+                            "of values")
+    return copy.deepcopy(dict(selector)) if isinstance(selector, Mapping) else {}
+
+
+def _ip_block(block: object, where: str) -> dict[str, Any]:
+    fields = _Fields(block, where)
+    cidr = fields.string("cidr", required="a CIDR such as 10.0.0.0/8")
+    excepted = fields.values.get("except") or []
+    if not isinstance(excepted, list):
+        raise SpecError(f"{where}.except must be a list of CIDRs, not {excepted!r}")
+    for text, at in [(cidr, f"{where}.cidr"), *((e, f"{where}.except") for e in excepted)]:
+        try:
+            ipaddress.ip_network(text, strict=False)
+        except (TypeError, ValueError):
+            raise SpecError(f"{at} must be a CIDR such as 10.0.0.0/8, not {text!r}") from None
+    return {"cidr": cidr, **({"except": list(excepted)} if excepted else {})}
+
+
+def _dns_name(fields: _Fields, key: str, meaning: str) -> str:
+    value = fields.string(key, required=meaning)
+    if len(value) > 253 or not _SECRET_NAME.fullmatch(value):
+        raise SpecError(f"{fields.where(key)} must be a Kubernetes object name (a-z, 0-9, '-' "
+                        f"and '.', at most 253 characters), not {value!r}")
+    return value
 
 
 def _timing(fields: _Fields) -> Timing:

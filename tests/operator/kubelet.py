@@ -4,12 +4,17 @@ controller and a kubelet, played by real `flotilla node` processes on loopback.
 `Kmock` serves kmock's emulator from a thread of its own, with the resources the operator
 uses registered. `Kubelet` watches it like the controllers would: for every StatefulSet it
 runs pods NAME-0..NAME-(replicas-1) as node processes started with the env of the pod
-template, resolved as the kubelet does (fieldRef, `$(VAR)`), makes a PersistentVolumeClaim
-per pod (a directory), and publishes Pod objects whose phase and Ready condition follow the
-process and its /readyz. Deleting a Pod kills its process (the controller starts it again);
-deleting a claim wipes its directory. Cluster DNS is played by rewriting
-`http://POD.SVC.NS.svc:PORT` into the pod's loopback address, and the operator finds members
-through the FLOTILLA_OPERATOR_MEMBER_URLS file this writes.
+template, resolved as the kubelet does (fieldRef, secretKeyRef and configMapKeyRef read from
+the API, `$(VAR)`), makes a PersistentVolumeClaim per pod (a directory), and publishes Pod
+objects whose phase and Ready condition follow the process and its /readyz. The pod's volumes
+are directories made afresh at every start (emptyDir; projected and secret volumes filled from
+the Secrets they name, optional ones left out while missing), and a path under a mount, in the
+env or a command, is that directory's path; init containers run to completion, in order, before
+the node starts (one that fails is retried, as the kubelet does). Deleting a Pod kills its
+process (the controller starts it again); deleting a claim wipes its directory. Cluster DNS is
+played by `clusterdns`: members keep the names the operator rendered (`POD.SVC.NS.svc`, which
+their certificates name), and every process that dials them (members, the operator, the test
+itself) resolves those names through the table this writes.
 
 It also plays the Job controller: each Job's container command runs as a real process (the
 image's PATH is this virtualenv's; env resolved as for members, `$(VAR)` in the command line
@@ -24,6 +29,7 @@ deleted Job takes its pods and process with it (background propagation).
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
 import datetime
 import hashlib
@@ -33,6 +39,7 @@ import os
 import re
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import threading
@@ -48,8 +55,11 @@ import jsonpointer
 import kmock
 from flotilla.operator.kube import Kube
 
+from flotilla.client import Client
 from tests.harness import ports
+from tests.operator import clusterdns
 
+REPO = Path(__file__).resolve().parents[2]
 RESOURCES = {
     "flotilla.dev/v1alpha1/raftclusters": ("RaftCluster", {"status"}),
     "apps/v1/statefulsets": ("StatefulSet", set()),
@@ -62,9 +72,10 @@ RESOURCES = {
     "v1/configmaps": ("ConfigMap", set()),
     "batch/v1/jobs": ("Job", set()),
     "batch/v1/cronjobs": ("CronJob", set()),
+    "networking.k8s.io/v1/networkpolicies": ("NetworkPolicy", set()),
+    "cert-manager.io/v1/certificates": ("Certificate", set()),
 }
 VERBS = {"list", "watch", "get", "create", "patch", "delete"}
-_DNS = re.compile(r"http://([a-z0-9-]+)\.[a-z0-9-]+\.[a-z0-9-]+\.svc:(2379|2380)")
 
 
 @attrs.define
@@ -245,9 +256,12 @@ class Kubelet:
         self.api = api
         self.namespace = namespace
         self.root = root
-        self.urls_file = root / "member-urls.json"
+        self.dns_file = root / "cluster-dns.json"  # clusterdns's table
         self.procs: dict[str, subprocess.Popen] = {}
         self.addresses: dict[str, tuple[int, int]] = {}  # pod -> (peer port, client port)
+        self.hosts: dict[str, list[str]] = {}  # pod -> its DNS names
+        self.envs: dict[str, dict[str, str]] = {}  # pod -> its node's env at its last start
+        self.init_failed: dict[str, float] = {}  # pod -> when its init container last failed
         self.started: list[str] = []  # pods in the order they were started, restarts too
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="kubelet", daemon=True)
@@ -256,7 +270,7 @@ class Kubelet:
         self.errors: list[str] = []
         self.job_runs: dict[str, JobRun] = {}  # Job name -> its current pod's process
         self.job_pods: list[str] = []  # Job pods in the order they were started
-        self.urls_file.write_text("{}")
+        self.dns_file.write_text("{}")
 
     def start(self) -> Kubelet:
         self._thread.start()
@@ -316,10 +330,10 @@ class Kubelet:
                 if proc is not None:
                     self.crashed[pod] = time.monotonic()  # show the exit, restart later
                 else:
-                    self._start(pod, sts)
+                    self._try_start(pod, sts)
             elif pod in self.crashed and time.monotonic() - self.crashed[pod] > 1.0:
                 del self.crashed[pod]
-                self._start(pod, sts)
+                self._try_start(pod, sts)
             self._publish(pod, sts, pods.get(pod))
 
     # --- the Job controller and the kubelet for its pods -------------------------------------
@@ -455,12 +469,44 @@ class Kubelet:
                              "labels": template["metadata"].get("labels") or {}},
                 "spec": template["spec"]}
 
+    def _try_start(self, pod: str, sts: dict[str, Any]) -> None:
+        """Start the pod, unless its last start failed under a second ago (a missing Secret,
+        an init container that failed: the kubelet retries those too)."""
+        if time.monotonic() - self.init_failed.get(pod, -1e9) < 1.0:
+            return
+        try:
+            self._start(pod, sts)
+        except RuntimeError as exc:
+            self.init_failed[pod] = time.monotonic()
+            if len(self.errors) < 100:
+                self.errors.append(f"{pod} did not start: {exc}")
+
     def _start(self, pod: str, sts: dict[str, Any]) -> None:
         if pod not in self.addresses:
             self.addresses[pod] = tuple(ports.allocate_ports(2, "127.0.0.1"))
-            self._write_urls()
-        container = sts["spec"]["template"]["spec"]["containers"][0]
-        env = self.resolve_env(pod, container.get("env") or [])
+            ns, service = self.namespace, sts["spec"]["serviceName"]
+            self.hosts[pod] = [f"{pod}.{service}.{ns}.svc",
+                               f"{pod}.{service}.{ns}.svc.cluster.local"]
+            self._write_dns()
+        pod_spec = sts["spec"]["template"]["spec"]
+        # Volumes made afresh, as for a new pod: a restarted member reads its Secrets as they
+        # are now.
+        folder = self.root / "pods" / f"{pod}-{uuid.uuid4().hex[:5]}"
+        volumes = self._volumes(pod_spec.get("volumes") or [], folder)
+        for init in pod_spec.get("initContainers") or []:
+            env = self.resolve_env(pod, init.get("env") or [])
+            mounts = self._mounts(init, volumes)
+            words = [self._host_path(_expand(w, env), mounts) for w in
+                     [*(init.get("command") or []), *(init.get("args") or [])]]
+            done = subprocess.run(words, env={**os.environ, **env}, capture_output=True,
+                                  text=True, timeout=60)
+            if done.returncode != 0:
+                raise RuntimeError(f"{pod}: init container {init['name']} exited "
+                                   f"{done.returncode}: {done.stderr.strip()[-300:]}")
+        container = pod_spec["containers"][0]
+        mounts = self._mounts(container, volumes)
+        env = {k: self._host_path(v, mounts)
+               for k, v in self.resolve_env(pod, container.get("env") or []).items()}
         peer, client = self.addresses[pod]
         data = self.root / f"data-{pod}"
         data.mkdir(parents=True, exist_ok=True)
@@ -468,56 +514,102 @@ class Kubelet:
             "FLOTILLA_DATA_DIR": str(data / "data"),
             "FLOTILLA_LISTEN_PEER": f"127.0.0.1:{peer}",
             "FLOTILLA_LISTEN_CLIENT": f"127.0.0.1:{client}",
-            "FLOTILLA_ADVERTISE_PEER": f"http://127.0.0.1:{peer}",
-            "FLOTILLA_ADVERTISE_CLIENT": f"http://127.0.0.1:{client}",
         })
+        self.envs[pod] = env
         log = open(self.root / f"{pod}.log", "ab")  # noqa: SIM115 (the process keeps it)
         log.write(f"--- start {time.strftime('%H:%M:%S')}\n".encode())
-        argv = [sys.executable, "-m", "flotilla.node"]
+        argv = clusterdns.command(self.dns_file, "flotilla.node")
         base = {k: v for k, v in os.environ.items() if not k.startswith("FLOTILLA_")}
+        base["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), base.get("PYTHONPATH")]))
         self.procs[pod] = subprocess.Popen(argv, env={**base, **env}, stdout=log,
                                            stderr=subprocess.STDOUT, start_new_session=True)
         self.started.append(pod)
 
+    def _volumes(self, volumes: list[dict[str, Any]], folder: Path) -> dict[str, Path]:
+        """Each volume of the pod as a directory: emptyDir empty, secret and projected
+        volumes holding the Secrets' keys as files (a missing optional Secret left out)."""
+        made: dict[str, Path] = {}
+        secrets = {x["metadata"]["name"]: x for x in self.api.list("Secret", self.namespace, "")}
+        for volume in volumes:
+            path = folder / volume["name"]
+            path.mkdir(parents=True)
+            made[volume["name"]] = path
+            if "secret" in volume:
+                sources = [{"secret": volume["secret"]}]
+            else:
+                sources = (volume.get("projected") or {}).get("sources") or []
+            for source in sources:
+                ref = source.get("secret")
+                if ref is not None:
+                    self._project(ref, secrets, path, volume["name"])
+        return made
+
+    @staticmethod
+    def _project(ref: dict[str, Any], secrets: dict[str, Any], path: Path, volume: str) -> None:
+        name = ref.get("name") or ref.get("secretName")
+        secret = secrets.get(name)
+        if secret is None:
+            if ref.get("optional"):
+                return
+            raise RuntimeError(f"volume {volume}: Secret {name} not found")
+        data = {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
+        for item in ref.get("items") or [{"key": k, "path": k} for k in data]:
+            if item["key"] not in data:
+                if ref.get("optional"):
+                    continue
+                raise RuntimeError(f"volume {volume}: Secret {name} has no key {item['key']}")
+            target = path / item["path"]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data[item["key"]])
+
+    @staticmethod
+    def _mounts(container: dict[str, Any], volumes: dict[str, Path]) -> dict[str, Path]:
+        return {m["mountPath"].rstrip("/"): volumes[m["name"]]
+                for m in container.get("volumeMounts") or [] if m["name"] in volumes}
+
+    @staticmethod
+    def _host_path(value: str, mounts: dict[str, Path]) -> str:
+        """A path in the container is that path under its mount's directory."""
+        for mount, path in mounts.items():
+            if value == mount or value.startswith(mount + "/"):
+                return str(path) + value[len(mount):]
+        return value
+
     def resolve_env(self, pod: str, env: list[dict[str, Any]]) -> dict[str, str]:
-        """The container env as the kubelet gives it: fieldRef metadata.name, secrets as
-        placeholders, `$(VAR)` from earlier variables; then cluster DNS names to loopback."""
+        """The container env as the kubelet gives it: fieldRef metadata.name, secretKeyRef and
+        configMapKeyRef from the API (a missing one fails the start, as the kubelet's
+        CreateContainerConfigError), `$(VAR)` from earlier variables."""
         out: dict[str, str] = {}
         for var in env:
+            source = var.get("valueFrom", {})
             if "value" in var:
                 value = re.sub(r"\$\((\w+)\)", lambda m: out.get(m.group(1), m.group(0)),
                                str(var["value"]))
-            elif var.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == \
-                    "metadata.name":
+            elif source.get("fieldRef", {}).get("fieldPath") == "metadata.name":
                 value = pod
-            elif "configMapKeyRef" in var.get("valueFrom", {}):
-                ref = var["valueFrom"]["configMapKeyRef"]
+            elif "configMapKeyRef" in source:
+                ref = source["configMapKeyRef"]
                 config = self.api.get("ConfigMap", self.namespace, ref["name"])
                 if config is None:
                     raise RuntimeError(f"{pod}: ConfigMap {ref['name']} not found")
                 value = config["data"][ref["key"]]
             else:
-                value = "from-a-secret"
-            out[var["name"]] = self._undns(value)
+                ref = source["secretKeyRef"]
+                secret = self.api.get("Secret", self.namespace, ref["name"]) or {}
+                encoded = (secret.get("data") or {}).get(ref["key"])
+                if encoded is None:
+                    raise RuntimeError(f"{pod}: Secret {ref['name']} has no key {ref['key']}")
+                value = base64.b64decode(encoded).decode()
+            out[var["name"]] = value
         return out
 
-    def _undns(self, text: str) -> str:
-        def local(m: re.Match) -> str:
-            pod, port = m.group(1), m.group(2)
-            if pod not in self.addresses:
-                self.addresses[pod] = tuple(ports.allocate_ports(2, "127.0.0.1"))
-                self._write_urls()
-            peer, client = self.addresses[pod]
-            return f"http://127.0.0.1:{peer if port == '2380' else client}"
-        return _DNS.sub(local, text)
-
-    def _write_urls(self) -> None:
-        doc = {f"{self.namespace}/{pod}": {"peer": f"http://127.0.0.1:{peer}",
-                                           "client": f"http://127.0.0.1:{client}"}
-               for pod, (peer, client) in self.addresses.items()}
-        tmp = self.urls_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(doc))
-        os.replace(tmp, self.urls_file)
+    def _write_dns(self) -> None:
+        table = {host: {"2380": ["127.0.0.1", peer], "2379": ["127.0.0.1", client]}
+                 for pod, (peer, client) in self.addresses.items()
+                 for host in self.hosts.get(pod, [])}
+        tmp = self.dns_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(table))
+        os.replace(tmp, self.dns_file)
 
     def _publish(self, pod: str, sts: dict[str, Any], current: dict[str, Any] | None) -> None:
         proc = self.procs.get(pod)
@@ -544,9 +636,21 @@ class Kubelet:
             self.api.patch("Pod", self.namespace, pod, {"status": status})
 
     def _ready(self, pod: str) -> bool:
+        """The readiness probe: /readyz over the pod's own scheme; like the kubelet's HTTPS
+        probe it does not verify the certificate, and it shows the member's own when members
+        ask clients for one (as the probe the operator renders then does)."""
         _, client = self.addresses[pod]
+        env = self.envs.get(pod, {})
+        context = None
+        if env.get("FLOTILLA_CERT_FILE"):
+            context = ssl.create_default_context()
+            context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+            if env.get("FLOTILLA_CLIENT_CERT_AUTH") == "true":
+                context.load_cert_chain(env["FLOTILLA_CERT_FILE"], env["FLOTILLA_KEY_FILE"])
+        scheme = "https" if context is not None else "http"
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{client}/readyz", timeout=0.5) as r:
+            with urllib.request.urlopen(f"{scheme}://127.0.0.1:{client}/readyz", timeout=0.5,
+                                        context=context) as r:
                 return r.status == 200
         except OSError:
             return False
@@ -566,7 +670,23 @@ class Kubelet:
             proc.wait(5)
 
     def client_url(self, pod: str) -> str:
-        return f"http://127.0.0.1:{self.addresses[pod][1]}"
+        """The client URL the pod advertises: its DNS name, https with TLS."""
+        return self.envs[pod]["FLOTILLA_ADVERTISE_CLIENT"]
+
+    def client(self, urls: list[str] | str, **kw: Any) -> Client:
+        """A client of the cluster behind `urls` (client URLs of its pods) as an application
+        with access to its Secrets makes one: verifying the members against the cluster's CA
+        and their names (which clusterdns resolves in this process), with the admin token,
+        and with a member's certificate when members ask clients for one."""
+        first = (urls if isinstance(urls, str) else urls[0]).split(",")[0]
+        env = next(env for env in self.envs.values()
+                   if env.get("FLOTILLA_ADVERTISE_CLIENT") == first)
+        context = None
+        if env.get("FLOTILLA_CERT_FILE"):
+            context = ssl.create_default_context(cafile=env["FLOTILLA_TRUSTED_CA_FILE"])
+            if env.get("FLOTILLA_CLIENT_CERT_AUTH") == "true":
+                context.load_cert_chain(env["FLOTILLA_CERT_FILE"], env["FLOTILLA_KEY_FILE"])
+        return Client(urls, token=env.get("FLOTILLA_ADMIN_TOKEN"), ssl_context=context, **kw)
 
     def log_tails(self, lines: int = 15) -> str:
         out = []

@@ -15,13 +15,15 @@ status.archiveJobs and the Events; one compaction runs for real, through Spark.
 
 from __future__ import annotations
 
+import base64
 import datetime
 import itertools
 import json
 import os
 import re
+import socket
+import ssl
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -30,32 +32,47 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography import x509
 from flotilla.node.archive import format_ms, parse_time
-from flotilla.operator.members import MEMBER_URLS_ENV
+from flotilla.node.tls import Issued, issue, make_ca
+from flotilla.operator import certs
+from flotilla.operator.spec import ClusterSpec
 
-from flotilla.client import Client
+from flotilla.client import Client, FlotillaError
 from tests.harness.polling import wait_for
-from tests.operator.kubelet import Kmock, Kubelet
+from tests.operator import clusterdns
+from tests.operator.kubelet import REPO, Kmock, Kubelet
 from tests.packaging.crdschema import CRDValidator, load_crd
 
 NS = "default"
 NAME = "demo"
+OPERATOR_NS = "flotilla-system"
 
 
 @pytest.fixture
-def world(tmp_path: Path):
+def world(request, tmp_path: Path):
+    """kmock, the stand-in kubelet and the operator; `world` parametrized indirectly with a
+    dict adds to the operator's environment."""
     server = Kmock().start()
     api = server.api()
     kubelet = Kubelet(api, NS, tmp_path).start()
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLOTILLA_")}
     env.update({"KUBECONFIG": str(server.kubeconfig(tmp_path / "kubeconfig")),
-                MEMBER_URLS_ENV: str(kubelet.urls_file), "PYTHONUNBUFFERED": "1"})
+                "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO),
+                # where the chart's operator runs: its namespace reaches every cluster's members
+                "FLOTILLA_OPERATOR_NAMESPACE": OPERATOR_NS,
+                "FLOTILLA_OPERATOR_POD_LABELS": "app.kubernetes.io/name=flotilla-operator",
+                **getattr(request, "param", {})})
     log = open(tmp_path / "operator.log", "wb")  # noqa: SIM115 (closed below)
+    # Members are reached at their cluster DNS names (which their certificates name), resolved
+    # by clusterdns in the operator's process and in this one.
     operator = subprocess.Popen(
-        [sys.executable, "-m", "flotilla", "operator", "--all-namespaces", "--interval", "0.5",
-         "--default-image", "flotilla:test"], env=env, stdout=log, stderr=subprocess.STDOUT)
+        clusterdns.command(kubelet.dns_file, "flotilla", "operator", "--all-namespaces",
+                           "--interval", "0.5", "--default-image", "flotilla:test"),
+        env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
-        yield server, api, kubelet, tmp_path
+        with clusterdns.installed(kubelet.dns_file):
+            yield server, api, kubelet, tmp_path
     finally:
         operator.terminate()
         try:
@@ -161,7 +178,7 @@ def test_apply_scale_and_delete_a_raft_cluster(world):
     assert env["FLOTILLA_INITIAL_CLUSTER_STATE"] == bootstrap
     assert get(api, "ConfigMap", "demo-bootstrap")["data"] == {
         "initial-cluster-state": "new", "initial-cluster": ",".join(
-            f"demo-{i}=http://demo-{i}.demo-peers.default.svc:2380" for i in range(3))}
+            f"demo-{i}=https://demo-{i}.demo-peers.default.svc:2380" for i in range(3))}
     assert env["FLOTILLA_ARCHIVE"] == archive
     assert env["FLOTILLA_ELECTION_TIMEOUT_MS"] == "500"
     assert env["FLOTILLA_SNAPSHOT_POLICY"] == "entries=10000"
@@ -194,7 +211,7 @@ def test_apply_scale_and_delete_a_raft_cluster(world):
     assert get(api, "StatefulSet")["spec"]["template"] == sts["spec"]["template"]
 
     acknowledged: dict[str, bytes] = {}
-    with Client([kubelet.client_url(f"demo-{i}") for i in range(3)], timeout=10) as c:
+    with kubelet.client([kubelet.client_url(f"demo-{i}") for i in range(3)], timeout=10) as c:
         for i in range(50):
             c.put(f"k{i}", f"v{i}".encode())
             acknowledged[f"k{i}"] = f"v{i}".encode()
@@ -216,7 +233,7 @@ def test_apply_scale_and_delete_a_raft_cluster(world):
     assert_admitted(api)
 
     # 4. Scale down with the leader among the members that leave.
-    with Client(kubelet.client_url("demo-0"), timeout=10) as c:
+    with kubelet.client(kubelet.client_url("demo-0"), timeout=10) as c:
         c.transfer_leader("demo-4")
     seen = len(events(api))
     api.patch("RaftCluster", NS, NAME, {"spec": {"replicas": 3}, "metadata": {"generation": 3}})
@@ -237,7 +254,7 @@ def test_apply_scale_and_delete_a_raft_cluster(world):
     ], steps
     assert sorted(m["name"] for m in status["removedMembers"]) == ["demo-3", "demo-4"]
     assert_admitted(api)
-    with Client([kubelet.client_url(f"demo-{i}") for i in range(3)], timeout=10) as c:
+    with kubelet.client([kubelet.client_url(f"demo-{i}") for i in range(3)], timeout=10) as c:
         for key, value in acknowledged.items():
             assert c.get(key).value == value
         for i in range(3):
@@ -280,7 +297,7 @@ def test_a_member_whose_volume_is_lost_is_removed_and_added_back(world):
     _, api, kubelet, root = world
     (root / "archive").mkdir()
     ready_cluster(api, kubelet, raft_cluster((root / "archive").as_uri()))
-    with Client([kubelet.client_url(f"demo-{i}") for i in range(3)], timeout=10) as c:
+    with kubelet.client([kubelet.client_url(f"demo-{i}") for i in range(3)], timeout=10) as c:
         for i in range(30):
             c.put(f"k{i}", b"v")
         leader = c.status()["name"]
@@ -306,7 +323,7 @@ def test_a_member_whose_volume_is_lost_is_removed_and_added_back(world):
         ("VotersChanged", "change-voters to demo-0, demo-1, demo-2")), steps
     assert old_uid in {m["uid"] for m in status["removedMembers"]}
     assert_admitted(api)
-    with Client(kubelet.client_url(victim), timeout=10) as c:
+    with kubelet.client(kubelet.client_url(victim), timeout=10) as c:
         assert c.get("k29", consistency="serializable").value == b"v"
 
 
@@ -315,7 +332,7 @@ def test_a_deleted_cluster_is_restored_from_its_archive(world):
     (root / "archive").mkdir()
     archive = (root / "archive").as_uri()
     ready_cluster(api, kubelet, raft_cluster(archive))
-    with Client([kubelet.client_url(f"demo-{i}") for i in range(3)], timeout=10) as c:
+    with kubelet.client([kubelet.client_url(f"demo-{i}") for i in range(3)], timeout=10) as c:
         for i in range(40):
             c.put(f"k{i}", f"v{i}".encode())
 
@@ -333,7 +350,7 @@ def test_a_deleted_cluster_is_restored_from_its_archive(world):
     body["spec"]["bootstrap"] = {"restore": {"url": archive}}
     status = ready_cluster(api, kubelet, body)
     assert status["clusterId"] != "default-demo-0f1e2d3c"
-    with Client([kubelet.client_url(f"restored-{i}") for i in range(3)], timeout=10) as c:
+    with kubelet.client([kubelet.client_url(f"restored-{i}") for i in range(3)], timeout=10) as c:
         for i in range(40):
             assert c.get(f"k{i}").value == f"v{i}".encode()
         c.put("after", b"restore")
@@ -348,7 +365,7 @@ def test_a_template_change_rolls_members_one_at_a_time_leader_last(world):
     stop = threading.Event()
 
     def write() -> None:  # a client writing throughout the roll
-        with Client(urls, timeout=10) as c:
+        with kubelet.client(urls, timeout=10) as c:
             for i in itertools.count():
                 if stop.is_set():
                     return
@@ -358,7 +375,7 @@ def test_a_template_change_rolls_members_one_at_a_time_leader_last(world):
     writer = threading.Thread(target=write, daemon=True)
     writer.start()
     old_revision = get(api, "StatefulSet")["status"]["updateRevision"]
-    with Client(urls, timeout=10) as c:
+    with kubelet.client(urls, timeout=10) as c:
         leader = c.status()["name"]
     seen = len(events(api))
     api.patch("RaftCluster", NS, NAME, {"spec": {"timing": {"heartbeatMs": 60}},
@@ -386,7 +403,7 @@ def test_a_template_change_rolls_members_one_at_a_time_leader_last(world):
             < [m.split()[-1] for _, m in steps].index(leader)), steps
     assert kubelet.started.count(leader) == 2  # started, then restarted once
     assert len(acknowledged) > 20
-    with Client(urls, timeout=10) as c:
+    with kubelet.client(urls, timeout=10) as c:
         for key, value in acknowledged.items():
             assert c.get(key).value == value
 
@@ -402,7 +419,7 @@ def archived_source(api, kubelet, archive: str) -> tuple[list[tuple[int, str, by
     ready_cluster(api, kubelet, raft_cluster(archive, replicas=1), replicas=1)
     history: list[tuple[int, str, bytes | None]] = []
     middle = last_before = 0
-    with Client(kubelet.client_url("demo-0"), timeout=10) as c:
+    with kubelet.client(kubelet.client_url("demo-0"), timeout=10) as c:
         for i in range(30):
             if i == 15:  # the member stamps entries with this machine's clock
                 time.sleep(0.05)
@@ -492,7 +509,7 @@ def test_a_point_in_time_restore_runs_the_snapshot_job_then_the_members(world):
     assert not {"FLOTILLA_RESTORE_INDEX", "FLOTILLA_RESTORE_TIME"} & set(env)
 
     urls = [kubelet.client_url(f"restored-{i}") for i in range(3)]
-    with Client(urls, timeout=10) as c:
+    with kubelet.client(urls, timeout=10) as c:
         assert sorted(c.list().keys) == sorted(expected)
         for key, value in expected.items():
             assert c.get(key).value == value
@@ -716,7 +733,7 @@ def test_scheduled_compaction_and_export_run_as_cronjobs_whose_runs_the_status_r
 def archived_writes(kubelet, count: int, delete: str | None = None) -> int:
     """`count` puts to ten keys k0..k9 (v0, v1, ...), then a delete of `delete`, all in the
     archive: the last index."""
-    with Client(kubelet.client_url("demo-0"), timeout=10) as c:
+    with kubelet.client(kubelet.client_url("demo-0"), timeout=10) as c:
         last = 0
         for i in range(count):
             last = c.put(f"k{i % 10}", f"v{i}".encode()).index
@@ -762,7 +779,7 @@ def test_a_scheduled_compaction_run_reports_the_pipelines_own_result(world):
     assert_admitted(api)
     announced = [(kind, m) for kind, reason, m in events(api) if reason == "CompactionSucceeded"]
     assert len(announced) == 1 and announced[0][0] == "Normal"
-    with Client(kubelet.client_url("demo-0"), timeout=10) as c:  # the cluster is untouched
+    with kubelet.client(kubelet.client_url("demo-0"), timeout=10) as c:  # the cluster is untouched
         assert c.get("k9").value == b"v119"
 
 
@@ -792,3 +809,158 @@ def test_a_scheduled_export_run_writes_the_change_log_and_reports_its_result(wor
         f"k{i}": f"v{30 + i}".encode() for i in range(10) if i != 3}
     announced = [kind for kind, reason, _ in events(api) if reason == "ExportSucceeded"]
     assert announced == ["Normal"]
+
+
+# --- TLS, the admin token and the NetworkPolicy ---------------------------------------------------
+
+
+def served_certificate(api, pod: str, ca_pem: bytes) -> x509.Certificate:
+    """The certificate `pod` serves on its client port, verified against `ca_pem` and the
+    pod's DNS name (as the operator and the peers dial it)."""
+    host = f"{pod}.demo-peers.{NS}.svc"
+    context = ssl.create_default_context(cadata=ca_pem.decode())
+    with socket.create_connection((host, 2379), timeout=5) as raw, \
+            context.wrap_socket(raw, server_hostname=host) as tls:
+        return x509.load_der_x509_certificate(tls.getpeercert(binary_form=True))
+
+
+def secret(api, name: str) -> dict[str, bytes]:
+    return {k: base64.b64decode(v) for k, v in (get(api, "Secret", name)["data"]).items()}
+
+
+@pytest.mark.parametrize("world", [{"FLOTILLA_OPERATOR_SECRETS_INTERVAL": "1"}],
+                         indirect=True)
+def test_members_run_tls_with_the_operators_certificates_which_it_renews(world):
+    """By default: a CA and one certificate Secret per member made before the pods, TLS
+    flags and https URLs in the StatefulSet, the member's own files through the init
+    container, a generated admin token, a NetworkPolicy. Then a certificate near expiry is
+    renewed, and the member restarts onto it."""
+    _, api, kubelet, root = world
+    (root / "archive").mkdir()
+    ready_cluster(api, kubelet, raft_cluster((root / "archive").as_uri(), replicas=1), 1)
+
+    # The Secrets, owned by the RaftCluster.
+    for name in ("demo-ca", "demo-0-tls", "demo-admin-token"):
+        assert get(api, "Secret", name)["metadata"]["ownerReferences"][0]["name"] == NAME
+    token = secret(api, "demo-admin-token")["token"]
+    assert len(base64.urlsafe_b64decode(token + b"=")) == 32
+    ca = secret(api, "demo-ca")["tls.crt"]
+    member = secret(api, "demo-0-tls")
+    assert member["ca.crt"] == ca
+    # The StatefulSet: https everywhere, the node's files from its own Secret only.
+    sts = get(api, "StatefulSet")
+    env = env_of(sts)
+    assert env["FLOTILLA_ADVERTISE_PEER"] == "https://$(FLOTILLA_NAME).demo-peers.default.svc:2380"
+    assert env["FLOTILLA_ADVERTISE_CLIENT"] == (
+        "https://$(FLOTILLA_NAME).demo-peers.default.svc:2379")
+    assert get(api, "ConfigMap", "demo-bootstrap")["data"]["initial-cluster"] == ""  # served
+    assert env["FLOTILLA_ADMIN_TOKEN"] == {"secretKeyRef": {"name": "demo-admin-token",
+                                                            "key": "token"}}
+    for flag in ("CERT_FILE", "PEER_CERT_FILE", "TRUSTED_CA_FILE", "PEER_TRUSTED_CA_FILE"):
+        assert env[f"FLOTILLA_{flag}"].startswith("/var/run/flotilla/tls/")
+    pod = sts["spec"]["template"]["spec"]
+    assert pod["initContainers"][0]["command"][0] == "install"
+    assert {m["name"] for m in pod["containers"][0]["volumeMounts"]} == {"data", "tls"}
+    # The member serves the certificate of its Secret, which names it; a plain client and a
+    # tokenless admin call get nowhere.
+    served = served_certificate(api, "demo-0", ca)
+    assert served.serial_number == certs.read(member["tls.crt"]).serial
+    assert "demo-0" in certs.read(member["tls.crt"]).names
+    with pytest.raises(FlotillaError), Client(
+            "http://demo-0.demo-peers.default.svc:2379", timeout=2, retries=0) as plain:
+        plain.put("k", b"v")
+    with kubelet.client(kubelet.client_url("demo-0"), timeout=5) as c:
+        c.put("before", b"renewal")
+        with pytest.raises(FlotillaError), Client(
+                kubelet.client_url("demo-0"), timeout=2, retries=0,
+                ssl_context=ssl.create_default_context(cadata=ca.decode())) as tokenless:
+            tokenless.snapshot()
+    # The NetworkPolicy: peers from the cluster's own pods only; clients from the namespace
+    # and the operator's pods.
+    policy = wait_for(lambda: get(api, "NetworkPolicy"), 10, "the NetworkPolicy")
+    own = {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "flotilla",
+                                           "app.kubernetes.io/instance": NAME}}}
+    assert policy["spec"]["podSelector"] == own["podSelector"]
+    peers, clients = policy["spec"]["ingress"]
+    assert peers["from"] == [own] and {p["port"] for p in peers["ports"]} == {2379, 2380}
+    assert {p["port"] for p in clients["ports"]} == {2379}
+    assert clients["from"] == [{"podSelector": {}}, {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": OPERATOR_NS}},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "flotilla-operator"}}}]
+    status = status_of(api)
+    assert (status["tls"]["enabled"], status["tls"]["issuer"]) == (True, "operator")
+    assert_admitted(api)
+
+    # A certificate with a minute left (signed by the cluster's CA): renewed, and the member
+    # restarts onto the renewed one.
+    seen = len(events(api))
+    authority = Issued(ca, secret(api, "demo-ca")["tls.key"])
+    short = issue(authority, "demo-0", ClusterSpec.from_body(get(api, "RaftCluster"))
+                  .member_dns_names("demo-0")[1:], days=60 / 86400)
+    api.patch("Secret", NS, "demo-0-tls", {"data": {
+        "tls.crt": base64.b64encode(short.cert_pem).decode(),
+        "tls.key": base64.b64encode(short.key_pem).decode()}})
+
+    def renewed_and_served() -> bool:
+        current = certs.read(secret(api, "demo-0-tls")["tls.crt"])
+        if current.serial == short.certificate.serial_number:
+            return False
+        try:
+            return served_certificate(api, "demo-0", ca).serial_number == current.serial
+        except OSError:
+            return False
+
+    wait_for(renewed_and_served, 60, "the renewed certificate to be served")
+    renewed = certs.read(secret(api, "demo-0-tls")["tls.crt"])
+    assert renewed.not_after - datetime.datetime.now(UTC) > datetime.timedelta(days=364)
+    status = wait_status(api, lambda s: s.get("phase") == "Ready" and any(
+        c["secret"] == "demo-0-tls" and c["notAfter"] == renewed.not_after.strftime(
+            "%Y-%m-%dT%H:%M:%SZ") for c in s["tls"]["certificates"]),
+        "the renewed certificate's expiry in status", 30, kubelet)
+    later = events(api)[seen:]
+    assert any(r == "CertificateRenewed" and "demo-0-tls" in m for _, r, m in later), later
+    assert any(r == "MemberRestarted" and "certificate" in m for _, r, m in later), later
+    assert_admitted(api)
+    with kubelet.client(kubelet.client_url("demo-0"), timeout=10) as c:
+        assert c.get("before").value == b"renewal"
+
+
+def test_with_an_issuer_members_wait_for_cert_manager_then_run_on_its_certificates(world):
+    """spec.tls.issuerRef: the operator renders a cert-manager Certificate per member and
+    starts no pod until its Secret exists; this test plays cert-manager."""
+    _, api, kubelet, root = world
+    body = raft_cluster((root / "archive").as_uri(), replicas=1)
+    (root / "archive").mkdir()
+    body["spec"]["tls"] = {"issuerRef": {"name": "platform", "kind": "ClusterIssuer"}}
+    api.create(body)
+    certificate = wait_for(lambda: get(api, "Certificate", "demo-0-tls"), 30,
+                           "the Certificate of demo-0")
+    spec = certificate["spec"]
+    assert spec["secretName"] == "demo-0-tls" and spec["commonName"] == "demo-0"
+    assert "demo-0.demo-peers.default.svc" in spec["dnsNames"]
+    assert spec["issuerRef"] == {"name": "platform", "kind": "ClusterIssuer",
+                                 "group": "cert-manager.io"}
+    assert (spec["duration"], spec["renewBefore"]) == ("8760h", "2920h")
+    assert certificate["metadata"]["ownerReferences"][0]["name"] == NAME
+    waiting = wait_status(api, lambda s: "waiting for the certificate Secrets of demo-0"
+                          in s.get("lastAction", ""), "the wait for cert-manager", 30)
+    assert waiting["tls"]["issuer"] == "cert-manager/ClusterIssuer/platform"
+    assert int((get(api, "StatefulSet") or {}).get("spec", {}).get("replicas") or 0) == 0
+    assert get(api, "Secret", "demo-ca") is None
+    assert not kubelet.started
+
+    # cert-manager issues: the Secret it writes, with the issuer's CA in ca.crt.
+    issuer = make_ca("platform issuer")
+    issued = issue(issuer, spec["commonName"], [*spec["dnsNames"], *spec.get("ipAddresses", [])])
+    api.create({"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+                "metadata": {"name": "demo-0-tls", "namespace": NS},
+                "data": {"tls.crt": base64.b64encode(issued.cert_pem).decode(),
+                         "tls.key": base64.b64encode(issued.key_pem).decode(),
+                         "ca.crt": base64.b64encode(issuer.cert_pem).decode()}})
+    wait_status(api, lambda s: s.get("phase") == "Ready" and s.get("replicas") == 1,
+                "the cluster Ready on cert-manager's certificate", 60, kubelet)
+    assert served_certificate(api, "demo-0", issuer.cert_pem).serial_number == \
+        issued.certificate.serial_number
+    with kubelet.client(kubelet.client_url("demo-0"), timeout=10) as c:
+        c.put("signed-by", b"cert-manager")
+    assert_admitted(api)

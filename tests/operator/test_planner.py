@@ -46,6 +46,7 @@ class World:
     exit3: list[str] = field(default_factory=list)  # slots crash-looping with exit 3
     volumes: list[str] = field(default_factory=list)  # extra slots with only a volume left
     outdated: list[str] = field(default_factory=list)  # pods on an older template
+    renewed: list[str] = field(default_factory=list)  # serving a certificate since renewed
     fenced: list[str] = field(default_factory=list)  # members whose node awaits admission
     record: Record | None = None
     now: float = 1000.0
@@ -70,7 +71,8 @@ class World:
                       "admission": "fenced" if name in self.fenced else None}
             if name == self.leader:
                 status["members"] = progress
-            slots[name] = Slot(running=True, status=status, outdated=name in self.outdated)
+            slots[name] = Slot(running=True, status=status, outdated=name in self.outdated,
+                               stale_certificate=name in self.renewed)
         for name in self.fresh:
             slots[name] = Slot(running=True, status=_fresh(name, uid(name) + "-new"))
         for name, old_uid in self.stale.items():
@@ -189,6 +191,17 @@ FLOWS = [
     ("upgrade: a single voter just restarts", World(1, 1, ["n1"], outdated=["n1"]),
      Step.RESTART_MEMBER, "n1"),
     ("upgrade waits for a scale to finish", World(5, 3, V3, outdated=V3), Step.RESIZE, 5),
+    # --- restarting onto renewed certificates, the same way
+    ("renewed: followers first", World(3, 3, V3, renewed=V3), Step.RESTART_MEMBER, "n2"),
+    ("renewed: a restarted member must be back first",
+     World(3, 3, V3, renewed=["n1", "n3"], down=["n2"]), Step.WAIT, None),
+    ("renewed: leadership moves off the leader before its turn",
+     World(3, 3, V3, renewed=["n1"]), Step.TRANSFER_LEADER, "n2"),
+    ("renewed: every follower before the leader",
+     World(3, 3, V3, renewed=["n1", "n2"]), Step.RESTART_MEMBER, "n2"),
+    ("renewed: a single voter just restarts", World(1, 1, ["n1"], renewed=["n1"]),
+     Step.RESTART_MEMBER, "n1"),
+    ("renewed waits for a scale to finish", World(5, 3, V3, renewed=V3), Step.RESIZE, 5),
     # --- quorum loss
     ("quorum lost: 1 of 3 voters answers: Degraded, nothing destructive",
      World(3, 3, V3, leader=None, down=["n2", "n3"]), Step.WAIT, None),
@@ -369,3 +382,14 @@ class Toy:
             self.voters = [n for n in self.voters if n != action.member]
         elif action.step is Step.DELETE_VOLUME:
             self.volumes.discard(action.member)
+
+
+def test_a_renewed_certificate_is_named_as_the_reason_to_restart() -> None:
+    follower = plan(World(3, 3, V3, renewed=["n3"]).observed()).action
+    assert follower.reason.startswith("n3 serves an older certificate than its Secret holds")
+    leader = plan(World(3, 3, V3, renewed=["n1"]).observed()).action
+    assert "certificate its Secret no longer holds" in leader.reason
+    # a template change and a renewal together: still one restart per member
+    both = plan(World(3, 3, V3, outdated=["n2"], renewed=["n2", "n3"]).observed()).action
+    assert (both.step, both.member) == (Step.RESTART_MEMBER, "n2")
+    assert "old pod template" in both.reason

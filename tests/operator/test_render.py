@@ -30,11 +30,22 @@ NEWEST = ClusterSpec.from_body(body({
     "archive": {"url": "file:///mnt/archive"},
     "bootstrap": {"restore": {"url": "s3://old-backups/team", "clusterId": "prod-demo-1234abcd"}},
 }))
-SPECS = {"basic": BASIC, "full": FULL, "restore": RESTORE, "newest": NEWEST}
+# Without TLS and without a NetworkPolicy: what every cluster was before both were defaults.
+PLAIN = ClusterSpec.from_body(body({"tls": {"enabled": False}, "network": {"policy": False}}))
+# Members that ask clients for certificates; clients only from one namespace.
+MUTUAL = ClusterSpec.from_body(body({
+    "tls": {"clientCertAuth": True},
+    "network": {"clientFrom": [{"namespaceSelector": {"matchLabels": {"team": "orders"}}}]},
+}))
+SPECS = {"basic": BASIC, "full": FULL, "restore": RESTORE, "newest": NEWEST, "plain": PLAIN,
+         "mutual": MUTUAL}
 
-# What the kubelet would find in the Secrets the spec names.
+# What the kubelet would find in the Secrets the spec names (admin tokens of at least the 16
+# bytes the node takes), and in the admin token Secret the operator generates without one.
+ADMIN_TOKEN = "admin-secret-0123456789"
+GENERATED_TOKEN = "generated-token-0123456789abcdef"
 SECRETS = {("s3-creds", "id"): "AKIA-test", ("s3-creds", "AWS_SECRET_ACCESS_KEY"): "s3-secret",
-           ("admin", "token"): "admin-secret"}
+           ("admin", "token"): ADMIN_TOKEN, ("demo-admin-token", "token"): GENERATED_TOKEN}
 
 
 def objects(spec: ClusterSpec, bootstrapped: bool = False) -> list[dict[str, Any]]:
@@ -111,10 +122,14 @@ def test_the_budget_follows_the_committed_voters_not_the_spec():
 
 
 def test_the_owned_objects_and_their_names():
-    assert [(o["kind"], o["metadata"]["name"]) for o in objects(BASIC)] == [
+    assert [(o["kind"], o["metadata"]["name"]) for o in objects(PLAIN)] == [
         ("ConfigMap", "demo-bootstrap"), ("Service", "demo-peers"), ("Service", "demo"),
         ("StatefulSet", "demo"),
         ("PodDisruptionBudget", "demo"),
+    ]
+    assert [(o["kind"], o["metadata"]["name"]) for o in objects(BASIC)] == [
+        ("ConfigMap", "demo-bootstrap"), ("NetworkPolicy", "demo"), ("Service", "demo-peers"),
+        ("Service", "demo"), ("StatefulSet", "demo"), ("PodDisruptionBudget", "demo"),
     ]
 
 
@@ -172,7 +187,7 @@ def test_the_statefulset_leaves_restarts_to_the_operator():
 def test_the_data_dir_is_a_subdirectory_of_the_volume():
     sts = render.statefulset(FULL, FULL.member_names(5), False, 5)["spec"]
     (container,) = sts["template"]["spec"]["containers"]
-    (mount,) = container["volumeMounts"]
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == "data"]
     (claim,) = sts["volumeClaimTemplates"]
     assert mount["name"] == claim["metadata"]["name"] == "data"
     data_dir = node_config(FULL, "demo-0").data_dir
@@ -198,12 +213,28 @@ def test_the_container_runs_the_node_unprivileged_with_the_specs_image_and_resou
         "registry.example/flotilla:1.2.3", "Always")
     assert container["resources"] == {"requests": {"cpu": "250m", "memory": "256Mi"},
                                       "limits": {"cpu": "2", "memory": "1Gi"}}
-    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "client"}
-    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "client"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "client",
+                                                      "scheme": "HTTPS"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "client",
+                                                     "scheme": "HTTPS"}
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert pod["securityContext"]["runAsNonRoot"] is True
-    assert "resources" not in render.statefulset(BASIC, [], True, 0)["spec"]["template"][
-        "spec"]["containers"][0]
+    (plain,) = render.statefulset(PLAIN, [], True, 0)["spec"]["template"]["spec"]["containers"]
+    assert plain["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "client"}
+    assert plain["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "client"}
+
+
+def test_without_resources_in_the_spec_members_get_the_default_requests_and_limits():
+    for spec in (BASIC, PLAIN):
+        (container,) = render.statefulset(spec, [], True, 0)["spec"]["template"]["spec"][
+            "containers"]
+        assert container["resources"] == {"requests": {"cpu": "250m", "memory": "512Mi"},
+                                          "limits": {"memory": "1Gi"}}
+    # Any resources in the spec replace the defaults whole: no default is mixed in.
+    only_requests = ClusterSpec.from_body(body({"resources": {"requests": {"cpu": "2"}}}))
+    (container,) = render.statefulset(only_requests, [], True, 0)["spec"]["template"]["spec"][
+        "containers"]
+    assert container["resources"] == {"requests": {"cpu": "2"}}
 
 
 def test_secrets_are_referenced_never_inlined():
@@ -217,7 +248,12 @@ def test_secrets_are_referenced_never_inlined():
         "FLOTILLA_ADMIN_TOKEN": {"name": "admin", "key": "token"},
     }
     assert all("value" not in var for var in env if var["name"] in secret_vars)
-    assert not secret_vars & {var["name"] for var in render.node_env(BASIC, ["demo-0"], False)}
+    basic = {var["name"]: var.get("valueFrom") for var in render.node_env(BASIC, ["demo-0"],
+                                                                          False)}
+    # No archive, no AWS credentials; no adminTokenSecret, the one the operator generates.
+    assert not {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} & set(basic)
+    assert basic["FLOTILLA_ADMIN_TOKEN"] == {"secretKeyRef": {"name": "demo-admin-token",
+                                                              "key": "token"}}
 
 
 def test_env_names_are_unique_and_only_flags_or_aws_credentials():
@@ -239,24 +275,36 @@ def test_pods_beyond_the_bootstrap_members_cannot_start_new():
 
 
 @pytest.mark.parametrize("pod", ["demo-0", "demo-2"])
-def test_the_node_reads_the_basic_pod_env(pod):
-    cfg = node_config(BASIC, pod)
-    members = BASIC.member_names(3)
+@pytest.mark.parametrize(("spec", "scheme"), [(PLAIN, "http"), (BASIC, "https")],
+                         ids=["plain", "tls"])
+def test_the_node_reads_the_basic_pod_env(pod, spec, scheme):
+    cfg = node_config(spec, pod)
+    members = spec.member_names(3)
     assert cfg.name == pod
     assert cfg.data_dir == "/var/lib/flotilla/data"
     assert cfg.listen_peer == ("0.0.0.0", 2380)
     assert cfg.listen_client == ("0.0.0.0", 2379)
-    assert cfg.advertise_peer == f"http://{pod}.demo-peers.prod.svc:2380" == BASIC.peer_url(pod)
-    assert cfg.advertise_client == BASIC.client_url(pod)
-    assert cfg.initial_cluster == {m: BASIC.peer_url(m) for m in members}
+    assert cfg.advertise_peer == f"{scheme}://{pod}.demo-peers.prod.svc:2380" == spec.peer_url(
+        pod)
+    assert cfg.advertise_client == spec.client_url(pod)
+    assert cfg.advertise_client == f"{scheme}://{pod}.demo-peers.prod.svc:2379"
+    assert cfg.initial_cluster == {m: spec.peer_url(m) for m in members}
     assert cfg.initial_cluster_state == "new"
     assert cfg.cluster_id == "prod-demo-6f1c2a9e"
     assert (cfg.election_timeout_ms, cfg.heartbeat_ms) == (1000, 100)
     assert cfg.snapshot_policy == SnapshotPolicy.default()
     assert (cfg.archive, cfg.s3_endpoint, cfg.s3_region) == (None, None, None)
     assert (cfg.restore_from, cfg.restore_cluster_id, cfg.restore_index) == (None, None, None)
-    assert cfg.admin_token is None
+    # Without spec.adminTokenSecret, the token the operator generated (NAME-admin-token).
+    assert cfg.admin_token == GENERATED_TOKEN
     assert cfg.fsync is True
+    tls = (cfg.cert_file, cfg.key_file, cfg.trusted_ca_file, cfg.peer_cert_file,
+           cfg.peer_key_file, cfg.peer_trusted_ca_file, cfg.client_cert_auth)
+    if scheme == "http":
+        assert tls == (None,) * 6 + (False,)
+    else:  # one certificate for both ports, from the directory the init container fills
+        assert tls == ("/var/run/flotilla/tls/tls.crt", "/var/run/flotilla/tls/tls.key",
+                       "/var/run/flotilla/tls/ca.crt") * 2 + (False,)
 
 
 def test_after_bootstrap_pods_start_existing():
@@ -289,7 +337,7 @@ def test_the_node_reads_the_full_pod_env():
     assert cfg.archive == "s3://backups/flotilla"
     assert (cfg.s3_endpoint, cfg.s3_region) == ("http://minio.minio:9000", "eu-west-1")
     assert (cfg.archive_keep_snapshots, cfg.archive_interval_ms) == (5, 1000)
-    assert cfg.admin_token == "admin-secret"
+    assert cfg.admin_token == ADMIN_TOKEN
     assert cfg.restore_from is None
 
 
@@ -624,3 +672,116 @@ def test_no_cronjob_without_its_block():
             render.archive_cronjob(spec, kind)
         with pytest.raises(ValueError):
             render.archive_cronjob(BASIC, kind)
+
+
+# -- TLS: the member's own certificate, mounted for the node alone --------------------------
+
+
+def test_members_get_their_own_certificate_through_an_init_container():
+    pod = render.statefulset(BASIC, BASIC.member_names(3), False, 3)["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    sources = volumes["member-certificates"]["projected"]["sources"]
+    # every ordinal a member can have, each under its own name, optional until it exists:
+    # the template is the same for 3 members or 99, so growing restarts no one
+    assert len(sources) == 99
+    assert sources[4] == {"secret": {"name": "demo-4-tls", "optional": True, "items": [
+        {"key": "tls.crt", "path": "demo-4/tls.crt"}, {"key": "tls.key", "path": "demo-4/tls.key"},
+        {"key": "ca.crt", "path": "demo-4/ca.crt"}]}}
+    assert volumes["tls"] == {"name": "tls", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}
+    (init,) = pod["initContainers"]
+    assert init["command"] == [
+        "install", "-m", "0400", "/var/run/flotilla/members/$(FLOTILLA_NAME)/tls.crt",
+        "/var/run/flotilla/members/$(FLOTILLA_NAME)/tls.key",
+        "/var/run/flotilla/members/$(FLOTILLA_NAME)/ca.crt", "/var/run/flotilla/tls/"]
+    assert init["env"] == [{"name": "FLOTILLA_NAME",
+                            "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
+    assert {m["name"] for m in init["volumeMounts"]} == {"member-certificates", "tls"}
+    (node,) = pod["containers"]
+    # the node sees its own three files and nobody else's key
+    assert {m["name"]: (m["mountPath"], m.get("readOnly", False))
+            for m in node["volumeMounts"]} == {"data": ("/var/lib/flotilla", False),
+                                               "tls": ("/var/run/flotilla/tls", True)}
+    env = {v["name"]: v.get("value") for v in node["env"]}
+    for prefix in ("", "PEER_"):
+        assert env[f"FLOTILLA_{prefix}CERT_FILE"] == "/var/run/flotilla/tls/tls.crt"
+        assert env[f"FLOTILLA_{prefix}KEY_FILE"] == "/var/run/flotilla/tls/tls.key"
+        assert env[f"FLOTILLA_{prefix}TRUSTED_CA_FILE"] == "/var/run/flotilla/tls/ca.crt"
+    assert "FLOTILLA_CLIENT_CERT_AUTH" not in env
+    assert "initContainers" not in render.pod_spec(PLAIN, [], True)
+    assert "volumes" not in render.pod_spec(PLAIN, [], True)
+
+
+def test_with_client_certificates_the_probes_show_the_members_own():
+    (container,) = render.pod_spec(MUTUAL, [], True)["containers"]
+    env = {v["name"]: v.get("value") for v in container["env"]}
+    assert env["FLOTILLA_CLIENT_CERT_AUTH"] == "true"
+    cfg = node_config(MUTUAL, "demo-1")
+    assert cfg.client_cert_auth is True
+    for probe, path in (("readinessProbe", "/readyz"), ("startupProbe", "/healthz"),
+                        ("livenessProbe", "/healthz")):
+        command = container[probe]["exec"]["command"]
+        assert command[:2] == ["python", "-c"] and command[-1] == path
+        assert "httpGet" not in container[probe]
+        assert container[probe]["timeoutSeconds"] == 5
+
+
+# -- the NetworkPolicy ---------------------------------------------------------------------
+
+
+OPERATOR = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ops"}},
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "flotilla-operator"}}}
+
+
+def ingress_of(spec: ClusterSpec, operator: dict[str, Any] | None = OPERATOR
+               ) -> list[dict[str, Any]]:
+    policy = render.network_policy(spec, operator)
+    kubernetes_validate.validate(policy, K8S_VERSION, strict=True)
+    assert policy["spec"]["podSelector"] == {"matchLabels": spec.selector_labels}
+    assert policy["spec"]["policyTypes"] == ["Ingress"]  # egress (archive, DNS) left alone
+    return policy["spec"]["ingress"]
+
+
+def ports_of(rule: dict[str, Any]) -> set[int]:
+    return {p["port"] for p in rule["ports"]}
+
+
+def test_the_peer_port_is_open_to_the_clusters_own_pods_only():
+    for spec in (BASIC, MUTUAL):
+        rules = ingress_of(spec)
+        peer_rules = [r for r in rules if 2380 in ports_of(r)]
+        assert peer_rules == [{"from": [{"podSelector": {"matchLabels": spec.selector_labels}}],
+                               "ports": [{"protocol": "TCP", "port": 2380},
+                                         {"protocol": "TCP", "port": 2379}]}]
+        assert all(ports_of(r) == {2379} for r in rules if r not in peer_rules)
+
+
+def test_the_client_port_is_open_to_the_namespace_and_the_operator_by_default():
+    (_, clients) = ingress_of(BASIC)
+    assert clients == {"from": [{"podSelector": {}}, OPERATOR],
+                       "ports": [{"protocol": "TCP", "port": 2379}]}
+    (_, clients) = ingress_of(BASIC, operator=None)  # outside a cluster: the namespace only
+    assert clients["from"] == [{"podSelector": {}}]
+
+
+def test_the_client_port_follows_client_from():
+    (_, clients) = ingress_of(MUTUAL)
+    assert clients["from"] == [{"namespaceSelector": {"matchLabels": {"team": "orders"}}},
+                               OPERATOR]
+
+
+def test_an_empty_client_from_never_opens_the_client_port_to_everyone():
+    """A rule with an empty `from` admits every source: with no client peers there is no
+    client rule at all, and only the cluster's own pods (and the operator) get in."""
+    closed = ClusterSpec.from_body(body({"network": {"clientFrom": []}}))
+    assert ingress_of(closed, operator=None) == [
+        {"from": [{"podSelector": {"matchLabels": closed.selector_labels}}],
+         "ports": [{"protocol": "TCP", "port": 2380}, {"protocol": "TCP", "port": 2379}]}]
+    (_, clients) = ingress_of(closed)
+    assert clients["from"] == [OPERATOR]
+    assert all(rule["from"] for rule in ingress_of(closed) + ingress_of(closed, None))
+
+
+def test_the_network_policy_can_be_left_out():
+    assert "NetworkPolicy" not in {o["kind"] for o in objects(PLAIN)}
+    assert render.owned_objects(BASIC, [], True, 0, operator_peer=OPERATOR)[1] == \
+        render.network_policy(BASIC, OPERATOR)

@@ -5,6 +5,7 @@ node's own parser reads back."""
 from __future__ import annotations
 
 import copy
+import re
 from decimal import Decimal
 from typing import Any
 
@@ -23,12 +24,15 @@ from flotilla.operator.spec import (
     ClusterSpec,
     Compaction,
     Export,
+    IssuerRef,
+    Network,
     Resources,
     Restore,
     SecretKey,
     SpecError,
     Storage,
     Timing,
+    Tls,
     cron_problem,
     default_cluster_id,
     parse_quantity,
@@ -118,6 +122,9 @@ def test_a_minimal_object_gets_every_default_of_the_crd():
         admin_token=None,
         final_snapshot=True,
         cluster_id="prod-demo-6f1c2a9e",
+        tls=Tls(enabled=True, issuer_ref=None, client_cert_auth=False, secret_name=None,
+                duration="8760h"),
+        network=Network(policy=True, client_from=None),
     )
 
 
@@ -428,6 +435,43 @@ INVALID = [
     ("archive.export.format", "Parquet", "not 'Parquet'"),
     ("archive.export.suspend", 1, "spec.archive.export.suspend must be true or false"),
     ("deletion.finalSnapshot", "yes", "spec.deletion.finalSnapshot must be true or false"),
+    ("tls.enabled", "no", "spec.tls.enabled must be true or false, not 'no'"),
+    ("tls.clientCertAuth", 1, "spec.tls.clientCertAuth must be true or false"),
+    ("tls.duration", "30m", "spec.tls.duration must be a duration of at least 1h"),
+    ("tls.duration", "365d", "spec.tls.duration must be a duration of at least 1h"),
+    ("tls.issuerRef", {"kind": "Issuer"}, "spec.tls.issuerRef.name is required"),
+    ("tls.issuerRef", {"name": "ca", "kind": "VaultIssuer"},
+     "spec.tls.issuerRef.kind must be Issuer or ClusterIssuer, not 'VaultIssuer'"),
+    ("tls.issuerRef", {"name": "Bad_Name"}, "spec.tls.issuerRef.name must be a Kubernetes "
+                                            "object name"),
+    ("tls.secretName", "demo-ca", "spec.tls.secretName must not be 'demo-ca'"),
+    ("tls.secretName", "CA!", "spec.tls.secretName must be a Kubernetes object name"),
+    ("network.policy", "off", "spec.network.policy must be true or false"),
+    ("network.clientFrom", {"podSelector": {}}, "spec.network.clientFrom must be a list of "
+                                                "NetworkPolicy peers"),
+    ("network.clientFrom", [{}], "spec.network.clientFrom[0] must be a NetworkPolicy peer"),
+    ("network.clientFrom", [{"pods": {}}], "spec.network.clientFrom[0] has pods: a "
+                                            "NetworkPolicy peer takes only"),
+    ("network.clientFrom", [{"ipBlock": {"cidr": "10.0.0.0/8"}, "podSelector": {}}],
+     "spec.network.clientFrom[0] sets ipBlock with a selector"),
+    ("network.clientFrom", [{"ipBlock": {"cidr": "ten"}}],
+     "spec.network.clientFrom[0].ipBlock.cidr must be a CIDR such as 10.0.0.0/8, not 'ten'"),
+    ("network.clientFrom", [{"ipBlock": {}}], "spec.network.clientFrom[0].ipBlock.cidr is "
+                                              "required"),
+    ("network.clientFrom", [{"podSelector": {"matchLabels": {"app": 1}}}],
+     "spec.network.clientFrom[0].podSelector.matchLabels must map label names to string values"),
+    ("network.clientFrom", [{"namespaceSelector": {"matchExpressions": [
+        {"key": "team", "operator": "Like", "values": ["a"]}]}}],
+     "spec.network.clientFrom[0].namespaceSelector.matchExpressions[0].operator must be In or "
+     "NotIn or Exists or DoesNotExist, not 'Like'"),
+    ("network.clientFrom", [{"podSelector": {"matchExpressions": [
+        {"key": "team", "operator": "In"}]}}],
+     "matchExpressions[0]: In takes a non-empty list of values"),
+    ("network.clientFrom", [{"podSelector": {"matchExpressions": [
+        {"key": "team", "operator": "Exists", "values": ["x"]}]}}],
+     "matchExpressions[0]: Exists takes no list of values"),
+    ("network.clientFrom", [{"podSelector": {"labels": {}}}],
+     "spec.network.clientFrom[0].podSelector has labels: a label selector takes"),
 ]
 
 
@@ -564,14 +608,16 @@ def test_not_quantities(text):
 # -- names and helpers ----------------------------------------------------------------------------
 
 
-def test_members_and_their_urls():
-    spec = ClusterSpec.from_body(body())
+@pytest.mark.parametrize(("tls", "scheme"), [({"enabled": False}, "http"), (None, "https")],
+                         ids=["without TLS", "with TLS, the default"])
+def test_members_and_their_urls(tls, scheme):
+    spec = ClusterSpec.from_body(body({"tls": tls}))
     assert spec.member_names(3) == ["demo-0", "demo-1", "demo-2"]
-    assert spec.peer_url("demo-1") == "http://demo-1.demo-peers.prod.svc:2380"
-    assert spec.client_url("demo-1") == "http://demo-1.demo-peers.prod.svc:2379"
+    assert spec.peer_url("demo-1") == f"{scheme}://demo-1.demo-peers.prod.svc:2380"
+    assert spec.client_url("demo-1") == f"{scheme}://demo-1.demo-peers.prod.svc:2379"
     assert spec.initial_cluster(["demo-0", "demo-1"]) == (
-        "demo-0=http://demo-0.demo-peers.prod.svc:2380,"
-        "demo-1=http://demo-1.demo-peers.prod.svc:2380"
+        f"demo-0={scheme}://demo-0.demo-peers.prod.svc:2380,"
+        f"demo-1={scheme}://demo-1.demo-peers.prod.svc:2380"
     )
 
 
@@ -687,3 +733,111 @@ def test_the_scheduled_jobs_names_and_labels():
                                                            labels.items())
         both = dict(term.split("=") for term in spec.archive_jobs_selector.split(","))
         assert both.items() <= labels.items()
+
+
+# -- TLS, the admin token, the NetworkPolicy, default resources ---------------------------------
+
+
+def test_tls_settings_are_read():
+    spec = ClusterSpec.from_body(body({"tls": {
+        "clientCertAuth": True, "duration": "2160h",
+        "issuerRef": {"name": "platform-ca", "kind": "ClusterIssuer"}}}))
+    assert spec.tls == Tls(enabled=True, issuer_ref=IssuerRef("platform-ca", "ClusterIssuer",
+                                                              "cert-manager.io"),
+                           client_cert_auth=True, secret_name=None, duration="2160h")
+    assert spec.tls.issuer == "cert-manager/ClusterIssuer/platform-ca"
+    assert spec.tls.seconds == 2160 * 3600
+    assert spec.ca_secret_name is None  # cert-manager signs: the operator holds no CA
+    own = ClusterSpec.from_body(body({"tls": {"secretName": "team-ca"}}))
+    assert (own.tls.issuer, own.ca_secret_name) == ("secret/team-ca", "team-ca")
+    default = ClusterSpec.from_body(body())
+    assert (default.tls.issuer, default.ca_secret_name) == ("operator", "demo-ca")
+    plain = ClusterSpec.from_body(body({"tls": {"enabled": False}}))
+    assert (plain.tls.issuer, plain.scheme) == ("none", "http")
+
+
+def test_the_secret_names_and_the_names_on_a_members_certificate():
+    spec = ClusterSpec.from_body(body())
+    assert spec.member_tls_secret("demo-3") == "demo-3-tls"
+    assert spec.client_tls_secret == "demo-client-tls"
+    names = spec.member_dns_names("demo-3")
+    assert names[0] == "demo-3"  # what the peers' identity check reads
+    assert {"demo-3.demo-peers.prod.svc", "demo-3.demo-peers.prod.svc.cluster.local",
+            "demo.prod.svc", "demo.prod.svc.cluster.local", "localhost"} <= set(names)
+    # every name a client dials: the member's advertised URLs and the client Service
+    assert spec.member_host("demo-3") in names
+    assert not any(n.startswith("demo-") and n != "demo-3" and "." not in n for n in names)
+
+
+@pytest.mark.parametrize(("tls", "message"), [
+    ({"issuerRef": {"name": "ca"}, "secretName": "team-ca"},
+     "spec.tls sets both issuerRef and secretName: give one"),
+    ({"enabled": False, "clientCertAuth": True},
+     "spec.tls.enabled is false, so clientCertAuth would do nothing"),
+    ({"enabled": False, "issuerRef": {"name": "ca"}, "secretName": "x"},
+     "spec.tls sets both issuerRef and secretName"),
+    ({"enabled": False, "secretName": "team-ca"},
+     "spec.tls.enabled is false, so secretName would do nothing"),
+])
+def test_tls_settings_that_contradict_each_other_are_refused(tls, message):
+    with pytest.raises(SpecError, match=re.escape(message)):
+        ClusterSpec.from_body(body({"tls": tls}))
+
+
+@pytest.mark.parametrize(("recorded", "tls", "message"), [
+    ({"enabled": True, "issuer": "operator"}, {"enabled": False},
+     "spec.tls.enabled cannot change once the cluster has bootstrapped (it runs with TLS on)"),
+    ({"enabled": False, "issuer": "none"}, {},
+     "spec.tls.enabled cannot change once the cluster has bootstrapped (it runs with TLS off)"),
+    ({"enabled": True, "issuer": "operator"}, {"issuerRef": {"name": "ca"}},
+     "its certificates come from operator, the spec now says cert-manager/Issuer/ca"),
+    ({"enabled": True, "issuer": "secret/team-ca"}, {"secretName": "other-ca"},
+     "its certificates come from secret/team-ca, the spec now says secret/other-ca"),
+])
+def test_tls_and_its_signer_are_fixed_once_the_cluster_has_bootstrapped(recorded, tls,
+                                                                         message):
+    with pytest.raises(SpecError, match=re.escape(message)):
+        ClusterSpec.from_body(body({"tls": tls}, status={"bootstrapped": True, "tls": recorded}))
+    # before the first leader, nothing runs yet that the change could break
+    ClusterSpec.from_body(body({"tls": tls}, status={"bootstrapped": False, "tls": recorded}))
+
+
+def test_the_admin_token_secret_is_the_specs_or_the_generated_one():
+    assert ClusterSpec.from_body(body()).admin_token_secret == SecretKey("demo-admin-token",
+                                                                         "token")
+    named = ClusterSpec.from_body(body({"adminTokenSecret": {"name": "mine", "key": "t"}}))
+    assert named.admin_token_secret == named.admin_token == SecretKey("mine", "t")
+
+
+def test_network_settings_are_read():
+    peers = [{"podSelector": {"matchLabels": {"app": "orders"}}},
+             {"namespaceSelector": {"matchExpressions": [
+                 {"key": "team", "operator": "In", "values": ["a", "b"]}]},
+              "podSelector": {}},
+             {"ipBlock": {"cidr": "10.1.0.0/16", "except": ["10.1.2.0/24"]}}]
+    spec = ClusterSpec.from_body(body({"network": {"clientFrom": peers}}))
+    assert spec.network == Network(policy=True, client_from=tuple(peers))
+    assert ClusterSpec.from_body(body({"network": {"clientFrom": []}})).network.client_from == ()
+    assert ClusterSpec.from_body(body({"network": {"policy": False}})).network.policy is False
+
+
+def test_default_resources_only_when_the_spec_sets_none():
+    assert ClusterSpec.from_body(body()).container_resources == {
+        "requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}}
+    limits_only = ClusterSpec.from_body(body({"resources": {"limits": {"memory": "4Gi"}}}))
+    assert limits_only.container_resources == {"limits": {"memory": "4Gi"}}
+
+
+def test_a_cluster_that_bootstrapped_before_tls_existed_keeps_running_without():
+    """Its status records no TLS, and the API server fills in `enabled: true`: switching it
+    to https would break its committed http peer URLs, so it stays as it runs."""
+    before = {"bootstrapped": True, "clusterId": "prod-demo-6f1c2a9e"}
+    for tls in (None, {"enabled": True}, {"issuerRef": {"name": "ca"}}):
+        spec = ClusterSpec.from_body(body({"tls": tls}, status=before))
+        assert (spec.tls.enabled, spec.tls.legacy, spec.scheme) == (False, True, "http")
+    # ...also once the operator has recorded it so
+    recorded = {**before, "tls": {"enabled": False, "issuer": "none", "legacy": True}}
+    assert ClusterSpec.from_body(body(status=recorded)).tls.legacy is True
+    # a cluster not bootstrapped yet takes the spec as it is
+    fresh = ClusterSpec.from_body(body(status={"bootstrapped": False}))
+    assert (fresh.tls.enabled, fresh.tls.legacy) == (True, False)

@@ -34,7 +34,8 @@ CRD = REPO / "crds" / "raftcluster.yaml"
 CHART_CRD = CHART / "crds" / "raftcluster.yaml"
 OLDEST_KUBERNETES = "1.29.0"  # Chart.yaml's kubeVersion: the CRD's CEL rules need it
 
-# What the operator may do (the brief of templates/clusterrole.yaml): nothing more, nothing less.
+# What the operator may do (the rules of templates/_helpers.tpl, "flotilla.rules", plus the
+# ClusterRole's cluster-scoped reads): nothing more, nothing less.
 EXPECTED_RULES: dict[tuple[str, str], set[str]] = {
     ("flotilla.dev", "raftclusters"): {"get", "list", "watch", "patch"},
     ("flotilla.dev", "raftclusters/status"): {"get", "patch"},
@@ -45,13 +46,19 @@ EXPECTED_RULES: dict[tuple[str, str], set[str]] = {
     ("batch", "jobs"): {"get", "list", "watch", "create", "delete"},
     ("batch", "cronjobs"): {"list", "create", "patch", "delete"},
     ("", "persistentvolumeclaims"): {"get", "list", "watch", "delete"},
-    ("", "secrets"): {"get"},
+    ("", "secrets"): {"get", "create", "patch"},
+    ("networking.k8s.io", "networkpolicies"): {"get", "create", "patch", "delete"},
     ("", "configmaps"): {"get", "list", "watch", "create", "patch"},
     ("", "events"): {"create", "patch"},
     ("events.k8s.io", "events"): {"create"},
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
     ("", "namespaces"): {"list", "watch"},
 }
+# Only what kopf needs to watch every namespace: a Role cannot grant it, and namespaced mode
+# does without.
+CLUSTER_SCOPED = {("apiextensions.k8s.io", "customresourcedefinitions"), ("", "namespaces")}
+# With rbac.certManager (spec.tls.issuerRef).
+CERT_MANAGER_RULES = {("cert-manager.io", "certificates"): {"get", "create", "patch"}}
 
 
 def load_values() -> dict[str, Any]:
@@ -114,12 +121,18 @@ def schema_errors(values: dict[str, Any]) -> list[str]:
             for e in schema_validator().iter_errors(values)]
 
 
+def rules_text() -> list[str]:
+    """The lines of every RBAC rule the chart can grant: "flotilla.rules" in _helpers.tpl,
+    then the ClusterRole's own (cluster-scoped) rules, indented alike."""
+    helpers = (TEMPLATES / "_helpers.tpl").read_text()
+    shared = helpers.split('{{- define "flotilla.rules" -}}\n', 1)[1].split("{{- end }}\n", 1)[0]
+    own = (TEMPLATES / "clusterrole.yaml").read_text().split("\nrules:\n", 1)[1]
+    return [*shared.splitlines(), *(line[2:] for line in own.splitlines() if "{{" not in line)]
+
+
 def static_rules() -> list[dict[str, Any]]:
-    """The ClusterRole's rules, read from the template (the rules hold no template code)."""
-    text = (TEMPLATES / "clusterrole.yaml").read_text()
-    rules_text = text.split("\nrules:\n", 1)[1]
-    rules_text = "\n".join(line for line in rules_text.splitlines() if "{{" not in line)
-    return yaml.safe_load(rules_text)
+    """The rules, read from the templates (the rules hold no template code but conditions)."""
+    return yaml.safe_load("\n".join(line for line in rules_text() if "{{" not in line))
 
 
 def rules_as_grants(rules: list[dict[str, Any]]) -> dict[tuple[str, str], set[str]]:
@@ -211,16 +224,22 @@ def test_the_schema_refuses_bad_values(override, complaint):
 
 @pytest.mark.parametrize("template", RESOURCE_TEMPLATES, ids=lambda p: p.name)
 def test_each_template_file_holds_one_resource_named_after_its_kind(template):
+    """One resource per file; one per watched namespace (a `range` over them, each document
+    after its `---`) is still one resource."""
     text = template.read_text()
     kinds = re.findall(r"^kind: *(\w+)", text, flags=re.MULTILINE)
     assert len(kinds) == 1, f"{template.name}: kinds {kinds}"
-    assert not re.search(r"^---", text, flags=re.MULTILINE)
+    separators = [m.start() for m in re.finditer(r"^---", text, flags=re.MULTILINE)]
+    loop = text.find("{{- range $namespace := .Values.operator.watchNamespaces }}")
+    assert all(0 <= loop < at for at in separators), f"{template.name}: --- outside a range"
+    assert len(separators) <= 1
     assert template.stem == kinds[0].lower()
 
 
 def test_the_chart_has_the_expected_files():
     assert {p.name for p in RESOURCE_TEMPLATES} == {
-        "serviceaccount.yaml", "clusterrole.yaml", "clusterrolebinding.yaml", "deployment.yaml"}
+        "serviceaccount.yaml", "clusterrole.yaml", "clusterrolebinding.yaml", "deployment.yaml",
+        "role.yaml", "rolebinding.yaml"}
     assert (TEMPLATES / "_helpers.tpl").is_file()
     assert (TEMPLATES / "NOTES.txt").is_file()
     notes = (TEMPLATES / "NOTES.txt").read_text()
@@ -247,14 +266,16 @@ def test_rbac_has_no_wildcards():
 
 
 def test_rbac_grants_exactly_what_the_operator_needs():
-    assert rules_as_grants(static_rules()) == EXPECTED_RULES
+    assert rules_as_grants(static_rules()) == EXPECTED_RULES | CERT_MANAGER_RULES
 
 
 def test_every_rbac_rule_is_justified_by_a_comment():
-    lines = (TEMPLATES / "clusterrole.yaml").read_text().splitlines()
+    lines = rules_text()
+    assert len([line for line in lines if line.strip().startswith("- apiGroups:")]) == len(
+        EXPECTED_RULES) + len(CERT_MANAGER_RULES)
     for number, line in enumerate(lines):
         if line.strip().startswith("- apiGroups:"):
-            assert lines[number - 1].strip().startswith("#"), f"line {number + 1}: {line}"
+            assert lines[number - 1].strip().startswith("#"), f"rule {number + 1}: {line}"
 
 
 # --- the CRD --------------------------------------------------------------------------------
@@ -382,6 +403,13 @@ def test_the_default_render_runs_one_hardened_kopf_operator_clusterwide():
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account,
                                     "namespace": "flotilla-system"}]
     assert rules_as_grants(only(docs, "ClusterRole")["rules"]) == EXPECTED_RULES
+    assert not [doc for doc in docs if doc["kind"] in ("Role", "RoleBinding")]
+    # Where the operator runs reaches every cluster's NetworkPolicy: its namespace and labels.
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+    assert env["FLOTILLA_OPERATOR_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    labels = dict(term.split("=") for term in env["FLOTILLA_OPERATOR_POD_LABELS"].split(","))
+    assert labels == deployment["spec"]["selector"]["matchLabels"]
+    assert labels.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
 
 
 def test_the_operator_pod_is_not_selected_as_a_raft_member():
@@ -434,3 +462,57 @@ def test_the_operator_accepts_the_rendered_arguments(scenario):
     # ...and the environment variable it reads its default member image from.
     assert "FLOTILLA_DEFAULT_IMAGE" in {e["name"] for e in container["env"]}
     assert "FLOTILLA_DEFAULT_IMAGE" in Path(operator_main.__file__).read_text()
+
+
+def test_the_namespaced_mode_grants_a_role_in_each_watched_namespace_and_nothing_clusterwide():
+    docs = rendered(CHART / "ci" / "namespaced-rbac-values.yaml")
+    kinds = sorted(doc["kind"] for doc in docs)
+    assert kinds == ["CustomResourceDefinition", "Deployment", "Role", "Role", "RoleBinding",
+                     "RoleBinding", "ServiceAccount"]
+    account = only(docs, "ServiceAccount")["metadata"]["name"]
+    roles = {doc["metadata"]["namespace"]: doc for doc in docs if doc["kind"] == "Role"}
+    bindings = {doc["metadata"]["namespace"]: doc for doc in docs if doc["kind"] == "RoleBinding"}
+    assert set(roles) == set(bindings) == {"team-a", "team-b"}
+    namespaced = {key: verbs for key, verbs in EXPECTED_RULES.items()
+                  if key not in CLUSTER_SCOPED}
+    for namespace, role in roles.items():
+        assert rules_as_grants(role["rules"]) == namespaced | CERT_MANAGER_RULES
+        binding = bindings[namespace]
+        assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                      "name": role["metadata"]["name"]}
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account,
+                                        "namespace": "flotilla-system"}]
+    (container,) = only(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert [a for a in container["args"] if a.startswith("--namespace")] == [
+        "--namespace=team-a", "--namespace=team-b"]
+    assert "--all-namespaces" not in container["args"]
+    # ...and the operator then runs without cluster-wide scanning, which a Role cannot grant
+    operator_main = pytest.importorskip("flotilla.operator.main")
+    assert operator_main.build_parser().parse_args(container["args"]).namespace == [
+        "team-a", "team-b"]
+
+
+def test_the_cert_manager_rule_is_granted_only_when_asked():
+    default = rules_as_grants(only(rendered(CHART / "ci" / "default-values.yaml"),
+                                   "ClusterRole")["rules"])
+    assert ("cert-manager.io", "certificates") not in default
+
+
+def test_a_namespace_pattern_cannot_be_given_a_role():
+    done = run_helm("template", "flotilla", str(CHART), "--kube-version", OLDEST_KUBERNETES,
+                    "--set", "operator.watchNamespaces={team-*}")
+    assert done.returncode != 0
+    assert '"team-*" is a pattern, and a Role needs a namespace' in done.stderr
+    # with RBAC of one's own, kopf's globs are fine
+    done = run_helm("template", "flotilla", str(CHART), "--kube-version", OLDEST_KUBERNETES,
+                    "--set", "operator.watchNamespaces={team-*}", "--set", "rbac.create=false")
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_readme_says_that_writing_raftclusters_is_privileged():
+    readme = " ".join((CHART / "README.md").read_text().split()).lower()
+    assert "**write access to raftclusters is privileged.**" in readme
+    assert "image they choose" in readme and "credentials" in readme
+    values = " ".join(line.lstrip("# ") for line in (CHART / "values.yaml").read_text()
+                      .splitlines()).lower()
+    assert "write access to raftclusters is privileged" in values

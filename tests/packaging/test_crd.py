@@ -228,10 +228,20 @@ def _example(name: str, kind: str = "RaftCluster") -> dict[str, Any]:
     return next(d for d in _documents(ROOT / "examples" / name) if d["kind"] == kind)
 
 
-def test_the_five_examples_exist() -> None:
+def test_the_six_examples_exist() -> None:
     assert [p.name for p in EXAMPLES] == ["basic.yaml", "compaction-and-export.yaml",
                                           "restore-point-in-time.yaml", "restore.yaml",
-                                          "s3-archive.yaml"]
+                                          "s3-archive.yaml", "tls-cert-manager.yaml"]
+
+
+def test_the_cert_manager_example_reads_as_the_operator_reads_it(validator: CRDValidator
+                                                                 ) -> None:
+    spec = ClusterSpec.from_body(validator.admit(_example("tls-cert-manager.yaml"))[0])
+    assert spec.tls.issuer == "cert-manager/ClusterIssuer/platform-ca"
+    assert spec.tls.client_cert_auth and spec.tls.duration == "2160h"
+    assert spec.ca_secret_name is None
+    assert spec.network.client_from == ({"namespaceSelector": {"matchLabels": {
+        "kubernetes.io/metadata.name": "orders-app"}}},)
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
@@ -255,6 +265,8 @@ def test_basic_example_gets_the_documented_defaults(validator: CRDValidator) -> 
         "storage": {"size": "1Gi", "removedVolumePolicy": "Delete"},
         "bootstrap": {"new": {}},
         "timing": {"electionTimeoutMs": 1000, "heartbeatMs": 100, "catchUpTimeoutSeconds": 600},
+        "tls": {"enabled": True, "clientCertAuth": False, "duration": "8760h"},
+        "network": {"policy": True},
         "deletion": {"finalSnapshot": True},
     }
 
@@ -429,6 +441,24 @@ REFUSED_ON_CREATE = [
     ("typo in compaction", {"archive": {"url": "s3://b", "compaction": {
         "schedule": "@daily", "minCompactionLagMs": 1000}}},
      ['unknown field "spec.archive.compaction.minCompactionLagMs"']),
+    ("tls issuerRef and secretName", {"tls": {"issuerRef": {"name": "ca"}, "secretName": "ca"}},
+     ["spec.tls", "sets both issuerRef and secretName"]),
+    ("tls off with clientCertAuth", {"tls": {"enabled": False, "clientCertAuth": True}},
+     ["spec.tls", "tls.enabled is false", "would do"]),
+    ("tls off with an issuer", {"tls": {"enabled": False, "issuerRef": {"name": "ca"}}},
+     ["spec.tls", "tls.enabled is false"]),
+    ("tls issuer of another kind", {"tls": {"issuerRef": {"name": "ca", "kind": "Vault"}}},
+     ["spec.tls.issuerRef.kind", 'Unsupported value: "Vault"', '"Issuer", "ClusterIssuer"']),
+    ("tls issuerRef without name", {"tls": {"issuerRef": {"kind": "ClusterIssuer"}}},
+     ["spec.tls.issuerRef.name", "Required value"]),
+    ("tls duration in days", {"tls": {"duration": "365d"}},
+     ["spec.tls.duration", "should match"]),
+    ("tls secretName not a name", {"tls": {"secretName": "My_CA"}},
+     ["spec.tls.secretName", "should match"]),
+    ("network clientFrom not a list", {"network": {"clientFrom": {"podSelector": {}}}},
+     ["spec.network.clientFrom", "must be of type array"]),
+    ("network policy yes", {"network": {"policy": "yes"}},
+     ["spec.network.policy", "must be of type boolean"]),
 ]
 
 
@@ -476,6 +506,17 @@ REFUSED_ON_UPDATE = [
      ["spec.clusterId", "cannot be changed or removed"]),
     ("clusterId removed", {"clusterId": "orders-a"}, {},
      ["spec.clusterId", "cannot be changed or removed"]),
+    ("tls turned off", {}, {"tls": {"enabled": False}},
+     ["spec.tls.enabled", "tls.enabled cannot be changed after creation"]),
+    ("tls turned on", {"tls": {"enabled": False}}, {},
+     ["spec.tls.enabled", "tls.enabled cannot be changed after creation"]),
+    ("tls issuer added", {}, {"tls": {"issuerRef": {"name": "ca"}}},
+     ["spec.tls", "issuerRef and tls.secretName cannot be changed after creation"]),
+    ("tls issuer renamed", {"tls": {"issuerRef": {"name": "ca"}}},
+     {"tls": {"issuerRef": {"name": "other"}}},
+     ["spec.tls", "cannot be changed after creation"]),
+    ("tls own CA removed", {"tls": {"secretName": "team-ca"}}, {},
+     ["spec.tls", "cannot be changed after creation"]),
 ]
 
 
@@ -504,6 +545,11 @@ ALLOWED_UPDATES = [
      {"archive": {"url": "s3://b", "compaction": {"schedule": "30 4 * * 1-5"},
                   "export": {"schedule": "@hourly", "destination": "s3://lake",
                              "suspend": True}}}),
+    ("tls clientCertAuth and duration changed", {},
+     {"tls": {"clientCertAuth": True, "duration": "2160h"}}),
+    ("tls issuerRef kept, network changed", {"tls": {"issuerRef": {"name": "ca"}}},
+     {"tls": {"issuerRef": {"name": "ca"}}, "network": {"policy": False, "clientFrom": [
+         {"namespaceSelector": {"matchLabels": {"team": "orders"}}}]}}),
     ("compaction lags equal, in other units", {},
      {"archive": {"url": "s3://b", "compaction": {
          "schedule": "@daily", "minCompactionLag": "48h", "maxCompactionLag": "2880m"}}}),

@@ -78,3 +78,116 @@ operator.defaultImage is set.
 {{- define "flotilla.defaultMemberImage" -}}
 {{- default (include "flotilla.image" .) .Values.operator.defaultImage }}
 {{- end }}
+
+{{/*
+What the operator may do in a namespace whose RaftClusters it reconciles, and why: the rules of
+the ClusterRole (cluster-wide) or of the Role in each watched namespace (namespaced mode).
+Least privilege: named resources and verbs only (no "*"), no update (everything is written
+with patch), and no delete where ownerReferences already garbage-collect an object with its
+RaftCluster.
+*/}}
+{{- define "flotilla.rules" -}}
+# The objects it reconciles. kopf watches them, and patches them for its finalizer (a final
+# snapshot before the members go) and its handler-progress annotations.
+- apiGroups: ["flotilla.dev"]
+  resources: ["raftclusters"]
+  verbs: ["get", "list", "watch", "patch"]
+# Members, roles, leader, configuration and conditions are written to the status
+# subresource (which also serves `kubectl scale` its status.replicas).
+- apiGroups: ["flotilla.dev"]
+  resources: ["raftclusters/status"]
+  verbs: ["get", "patch"]
+# One StatefulSet per RaftCluster: created, resized by the planner one member at a time,
+# deleted to replace it when an immutable field of its template has to change.
+- apiGroups: ["apps"]
+  resources: ["statefulsets"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# The headless NAME-peers Service and the client Service NAME. No delete: they go with the
+# RaftCluster through their ownerReferences.
+- apiGroups: [""]
+  resources: ["services"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+# A PodDisruptionBudget keeping a quorum of voters; its maxUnavailable follows the voters.
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+# Members are observed through their pods, and restarted by deleting a pod (the
+# StatefulSet's updateStrategy is OnDelete). The StatefulSet creates pods, never the operator.
+# The pods of the restore Job and of the scheduled jobs' Jobs are read (get, list) for their
+# exit code and termination message: the result line, or why it failed.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch", "delete"]
+# A point-in-time restore (spec.bootstrap.restore.index or .time) runs `flotilla pipeline
+# snapshot-at` as the Job NAME-restore before any member starts, and watches it finish.
+# Delete: only a Job of that name left by an earlier RaftCluster (another owner uid). The
+# Jobs of the scheduled compaction and export are listed (by label) for status.archiveJobs.
+- apiGroups: ["batch"]
+  resources: ["jobs"]
+  verbs: ["get", "list", "watch", "create", "delete"]
+# spec.archive.compaction and .export run as the CronJobs NAME-compact and NAME-export:
+# listed by label, created, patched when the spec changes, deleted (with their Jobs) when
+# their block is removed from the spec.
+- apiGroups: ["batch"]
+  resources: ["cronjobs"]
+  verbs: ["list", "create", "patch", "delete"]
+# spec.storage.removedVolumePolicy: Delete removes the volume of a member taken out by a
+# scale-down, and a retained volume is deleted before its ordinal comes back (never rejoined).
+- apiGroups: [""]
+  resources: ["persistentvolumeclaims"]
+  verbs: ["get", "list", "watch", "delete"]
+# Each cluster's bootstrap ConfigMap (NAME-bootstrap): how a member with an empty volume
+# starts, `new` until the cluster has served and `existing` after, outside the pod template.
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+# Secrets of each cluster, read and written one by name: its admin token (spec.adminTokenSecret,
+# or NAME-admin-token, created with 32 random bytes when the spec names none), its CA (NAME-ca,
+# or spec.tls.secretName) and its members' certificates (MEMBER-tls, NAME-client-tls), created
+# before the pods and patched when they are renewed. No list or watch, so no Secret can be
+# enumerated, and no delete: they go with the RaftCluster through their ownerReferences.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get", "create", "patch"]
+# The NetworkPolicy NAME of each cluster (peer port from its own pods only, client port from
+# spec.network.clientFrom and the operator); deleted when spec.network.policy is false.
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["get", "create", "patch", "delete"]
+# kopf reports handler outcomes as Events on the RaftCluster (core API, aggregated by patch).
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+# ...and through the events.k8s.io API where a client library uses it.
+- apiGroups: ["events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create"]
+{{- if .Values.rbac.certManager }}
+# With spec.tls.issuerRef, one cert-manager Certificate per member (and NAME-client-tls):
+# created, and patched when the spec changes; they go with the RaftCluster.
+- apiGroups: ["cert-manager.io"]
+  resources: ["certificates"]
+  verbs: ["get", "create", "patch"]
+{{- end }}
+{{- end }}
+
+{{/*
+Namespaced mode: operator.watchNamespaces lists namespaces (no globs), and the chart grants a
+Role in each instead of a ClusterRole.
+*/}}
+{{- define "flotilla.namespaced" -}}
+{{- if .Values.operator.watchNamespaces }}true{{- end }}
+{{- end }}
+
+{{/*
+Labels of the operator's pod as k=v,k=v: the NetworkPolicy of every RaftCluster admits pods
+with them from the operator's namespace to the members' client port.
+*/}}
+{{- define "flotilla.selectorLabelsList" -}}
+{{- $labels := list }}
+{{- range $line := splitList "\n" (include "flotilla.selectorLabels" .) }}
+{{- $pair := splitList ": " $line }}
+{{- $labels = append $labels (printf "%s=%s" (index $pair 0) (index $pair 1)) }}
+{{- end }}
+{{- join "," $labels }}
+{{- end }}

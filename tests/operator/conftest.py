@@ -1,0 +1,15 @@
+"""Shared by the operator tests that reconcile in this process."""
+
+from __future__ import annotations
+
+import pytest
+from flotilla.operator import tlsassets
+
+
+@pytest.fixture(autouse=True)
+def fresh_secrets_memory():
+    """The operator remembers the Secrets it read (per cluster uid) for a minute: tests that
+    reuse a uid with a new in-memory API must not see another test's."""
+    tlsassets.forget()
+    yield
+    tlsassets.forget()

@@ -1,0 +1,40 @@
+"""`flotilla operator`'s namespaced mode: namespaces named exactly turn off kopf's cluster-wide
+scanning of CRDs and namespaces, so a Role in each namespace is all the operator needs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+import pytest
+from flotilla.operator import handlers, main
+
+
+@pytest.fixture
+def started(monkeypatch) -> dict[str, Any]:
+    """`main` up to kopf.run, which records what it was given instead of running."""
+    monkeypatch.setenv("FLOTILLA_OPERATOR_INTERVAL", "5")  # main sets it; restored after
+    monkeypatch.setattr(main, "kubernetes_config_problem", lambda: None)
+    monkeypatch.setattr(handlers, "STATIC_NAMESPACES", False)
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(kopf, "run", lambda **kw: seen.update(kw))
+    return seen
+
+
+def scanning_disabled() -> bool:
+    settings = kopf.OperatorSettings()
+    handlers.configure(settings=settings)
+    return settings.scanning.disabled
+
+
+def test_exact_namespaces_need_no_cluster_wide_scanning(started):
+    assert main.main(["-n", "team-a", "--namespace", "team-b"]) == 0
+    assert (started["clusterwide"], list(started["namespaces"])) == (False, ["team-a", "team-b"])
+    assert scanning_disabled() is True
+
+
+@pytest.mark.parametrize("argv", [["--all-namespaces"], [], ["-n", "team-*"],
+                                  ["-n", "team-a", "-n", "!kube-system"]])
+def test_all_namespaces_or_patterns_keep_kopf_scanning(started, argv):
+    assert main.main(argv) == 0
+    assert scanning_disabled() is False
