@@ -100,6 +100,10 @@ def _restored_machine(payload) -> KVStateMachine:
     return sm
 
 
+#: How long a requested snapshot waits for one being written before it is turned away.
+SNAPSHOT_WAIT = 30.0
+
+
 class SnapshotRefused(ValueError):
     """A snapshot a peer sent does not restore; nothing was replaced."""
 
@@ -131,6 +135,7 @@ class NodeServer:
         self.dead = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         self._snapshotting = False
+        self._snapshot_idle = asyncio.Event()  # set whenever a snapshot finishes
         self._background: set[asyncio.Task] = set()
         self._log_bytes_since_snapshot = 0
         self._entries_since_snapshot = 0
@@ -615,10 +620,19 @@ class NodeServer:
     async def take_snapshot(self, reason: str = "requested", *, claimed: bool = False
                             ) -> dict[str, Any]:
         """Write a snapshot of the applied state without stopping applies, then compact.
-        Raises RuntimeError while another snapshot is being written (`claimed`: the caller
-        already set the flag for this one)."""
-        if self._snapshotting and not claimed:
-            raise RuntimeError("a snapshot is already being written")
+        A request that finds another snapshot being written waits for it (for at most
+        SNAPSHOT_WAIT s, else RuntimeError) and then returns it, or writes a newer one
+        (`claimed`: the caller already set the flag for this one)."""
+        if not claimed:
+            deadline = time.monotonic() + SNAPSHOT_WAIT
+            while self._snapshotting:
+                self._snapshot_idle.clear()
+                left = deadline - time.monotonic()
+                try:
+                    async with asyncio.timeout(max(0.0, left)):
+                        await self._snapshot_idle.wait()
+                except TimeoutError:
+                    raise RuntimeError("a snapshot is already being written") from None
         self._snapshotting = True
         try:
             index = self.applied
@@ -651,6 +665,7 @@ class NodeServer:
             raise full  # noqa: B904 (disk_full chained the OSError)
         finally:
             self._snapshotting = False
+            self._snapshot_idle.set()
 
     def _remember_snapshot(self, stored: StoredSnapshot) -> None:
         """`stored` is now the newest snapshot file; the log counted since the last resets."""
