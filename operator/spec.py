@@ -84,6 +84,11 @@ DEFAULT_RESOURCES = {"requests": {"cpu": "250m", "memory": "512Mi"},
 _PEER_KEYS = ("podSelector", "namespaceSelector", "ipBlock")
 _SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
 _SECRET_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
+_SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]+")  # a key of a Secret's data, as the API server checks
+# S3 server-side encryption of what the archive writes (the node's and pipeline's --s3-sse).
+SSE_TYPES = ("AES256", "aws:kms")
+DEFAULT_SIGNING_KEY = "signing-key"
+MAX_PREVIOUS_SIGNING_KEYS = 8
 
 
 class SpecError(ValueError):
@@ -137,6 +142,24 @@ class Export:
 
 
 @dataclass(frozen=True)
+class SigningKey:
+    """spec.archive.signingKeySecret: the key that signs manifests (`key` of Secret `name`),
+    and keys of the same Secret that still verify the ones signed before a rotation."""
+
+    name: str
+    key: str = DEFAULT_SIGNING_KEY
+    previous_keys: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Encryption:
+    """spec.archive.encryption: how the store encrypts what the archive writes (--s3-sse)."""
+
+    type: str  # AES256 | aws:kms
+    kms_key_id: str | None = None  # only with aws:kms; None: the account's aws/s3 key
+
+
+@dataclass(frozen=True)
 class Archive:
     url: str
     endpoint: str | None = None
@@ -147,6 +170,9 @@ class Archive:
     interval_ms: int = 5000
     compaction: Compaction | None = None
     export: Export | None = None
+    # spec.archive.signingKeySecret: every manifest written is signed, every one read verified
+    signing_key: SigningKey | None = None
+    encryption: Encryption | None = None
 
     def scheduled(self) -> dict[str, Compaction | Export]:
         """The scheduled jobs asked for, by kind: their field's name, a key of ARCHIVE_JOBS."""
@@ -559,7 +585,53 @@ def _archive(fields: _Fields) -> Archive:
         compaction=(_compaction(fields.section("compaction"))
                     if fields.present("compaction") else None),
         export=_export(fields.section("export")) if fields.present("export") else None,
+        signing_key=(_signing_key(fields.section("signingKeySecret"))
+                     if fields.present("signingKeySecret") else None),
+        encryption=(_encryption(fields.section("encryption"))
+                    if fields.present("encryption") else None),
     )
+
+
+def _signing_key(fields: _Fields) -> SigningKey:
+    """spec.archive.signingKeySecret: a Secret of the namespace, the key holding the manifest
+    signing key, and older keys of that Secret that still verify (their values are checked by
+    the node: at least 16 bytes)."""
+    name = _dns_name(fields, "name", "the Secret holding the archive's signing key")
+    key = _data_key(fields.string("key") or DEFAULT_SIGNING_KEY, fields.where("key"))
+    previous = fields.values.get("previousKeys") or []
+    where = fields.where("previousKeys")
+    if not isinstance(previous, list) or len(previous) > MAX_PREVIOUS_SIGNING_KEYS:
+        raise SpecError(f"{where} must be a list of at most {MAX_PREVIOUS_SIGNING_KEYS} keys of "
+                        f"Secret {name} (older signing keys that still verify), not "
+                        f"{previous!r}")
+    previous_keys = tuple(_data_key(k, f"{where}[{i}]") for i, k in enumerate(previous))
+    if len({key, *previous_keys}) != 1 + len(previous_keys):
+        raise SpecError(f"{where} repeats a key or names {fields.where('key')} ({key}): list "
+                        "each older key once, apart from the one that signs")
+    return SigningKey(name, key, previous_keys)
+
+
+def _data_key(key: object, where: str) -> str:
+    if not isinstance(key, str) or len(key) > 253 or not _SECRET_KEY.fullmatch(key):
+        raise SpecError(f"{where} must be a key of a Secret (a-z, A-Z, 0-9, '-', '_' and '.', "
+                        f"at most 253 characters), not {key!r}")
+    return key
+
+
+def _encryption(fields: _Fields) -> Encryption:
+    """spec.archive.encryption: the type, and a KMS key only with aws:kms."""
+    if not fields.present("type"):
+        raise SpecError(f"{fields.where('type')} is required: {' or '.join(SSE_TYPES)}")
+    kind = fields.choice("type", SSE_TYPES, SSE_TYPES[0])
+    kms_key_id = fields.string("kmsKeyId") or None
+    if kms_key_id is not None and (len(kms_key_id) > 2048 or any(c.isspace()
+                                                                  for c in kms_key_id)):
+        raise SpecError(f"{fields.where('kmsKeyId')} must be a KMS key id, ARN or alias (no "
+                        f"spaces, at most 2048 characters), not {kms_key_id!r}")
+    if kms_key_id is not None and kind != "aws:kms":
+        raise SpecError(f"{fields.where('kmsKeyId')} goes with type aws:kms, not {kind}: "
+                        "remove it, or set type to aws:kms")
+    return Encryption(kind, kms_key_id)
 
 
 def _compaction(fields: _Fields) -> Compaction:

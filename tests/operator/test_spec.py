@@ -23,12 +23,14 @@ from flotilla.operator.spec import (
     Archive,
     ClusterSpec,
     Compaction,
+    Encryption,
     Export,
     IssuerRef,
     Network,
     Resources,
     Restore,
     SecretKey,
+    SigningKey,
     SpecError,
     Storage,
     Timing,
@@ -176,6 +178,31 @@ def test_every_field_is_read():
 )
 def test_archive_defaults(section, expected):
     assert ClusterSpec.from_body(body(section)).archive == expected
+
+
+def test_the_signing_key_and_encryption_are_read():
+    archive = ClusterSpec.from_body(body({"archive": {
+        "url": "s3://b",
+        "signingKeySecret": {"name": "archive-key", "key": "2026", "previousKeys": ["2025"]},
+        "encryption": {"type": "aws:kms", "kmsKeyId": "alias/flotilla"},
+    }})).archive
+    assert archive is not None
+    assert archive.signing_key == SigningKey("archive-key", "2026", ("2025",))
+    assert archive.encryption == Encryption("aws:kms", "alias/flotilla")
+
+
+@pytest.mark.parametrize(("section", "signing_key", "encryption"), [
+    ({}, None, None),
+    ({"signingKeySecret": {"name": "archive-key"}}, SigningKey("archive-key", "signing-key"),
+     None),
+    ({"encryption": {"type": "AES256"}}, None, Encryption("AES256")),
+    ({"encryption": {"type": "aws:kms"}}, None, Encryption("aws:kms")),  # the aws/s3 key
+])
+def test_without_a_key_or_encryption_nothing_is_signed_or_encrypted(section, signing_key,
+                                                                    encryption):
+    archive = ClusterSpec.from_body(body({"archive": {"url": "s3://b", **section}})).archive
+    assert archive is not None
+    assert (archive.signing_key, archive.encryption) == (signing_key, encryption)
 
 
 @pytest.mark.parametrize(
@@ -480,6 +507,56 @@ INVALID = [
 def test_an_invalid_field_is_named_in_one_readable_message(path, value, message):
     with pytest.raises(SpecError) as caught:
         ClusterSpec.from_body(body(with_field(path, value)))
+    assert message in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+# A spec with a signing key and encryption, each field of which the table below breaks.
+PROTECTED_SPEC: dict[str, Any] = {"archive": {
+    "url": "s3://b", "signingKeySecret": {"name": "archive-key"},
+    "encryption": {"type": "AES256"}}}
+INVALID_PROTECTION = [
+    ("archive.signingKeySecret.name", DELETE,
+     "spec.archive.signingKeySecret.name is required: the Secret holding the archive's signing"),
+    ("archive.signingKeySecret.name", "Archive_Key",
+     "spec.archive.signingKeySecret.name must be a Kubernetes object name"),
+    ("archive.signingKeySecret.key", "a/b",
+     "spec.archive.signingKeySecret.key must be a key of a Secret"),
+    ("archive.signingKeySecret.previousKeys", "old",
+     "spec.archive.signingKeySecret.previousKeys must be a list of at most 8 keys"),
+    ("archive.signingKeySecret.previousKeys", ["k"] * 9,
+     "spec.archive.signingKeySecret.previousKeys must be a list of at most 8 keys"),
+    ("archive.signingKeySecret.previousKeys", ["old", 7],
+     "spec.archive.signingKeySecret.previousKeys[1] must be a key of a Secret"),
+    ("archive.signingKeySecret.previousKeys", ["old", "old"],
+     "spec.archive.signingKeySecret.previousKeys repeats a key"),
+    ("archive.signingKeySecret.previousKeys", ["signing-key"],
+     "names spec.archive.signingKeySecret.key (signing-key)"),
+    ("archive.encryption.type", DELETE,
+     "spec.archive.encryption.type is required: AES256 or aws:kms"),
+    ("archive.encryption.type", "aes", "spec.archive.encryption.type must be AES256 or aws:kms"),
+    ("archive.encryption.kmsKeyId", "alias/flotilla",  # with type AES256
+     "spec.archive.encryption.kmsKeyId goes with type aws:kms, not AES256"),
+    ("archive.encryption.kmsKeyId", "alias/my key",
+     "spec.archive.encryption.kmsKeyId must be a KMS key id, ARN or alias"),
+]
+
+
+@pytest.mark.parametrize(("path", "value", "message"), INVALID_PROTECTION,
+                         ids=[f"{path}={value!r}" for path, value, _ in INVALID_PROTECTION])
+def test_an_invalid_signing_key_or_encryption_is_named_in_one_readable_message(path, value,
+                                                                              message):
+    spec = copy.deepcopy(PROTECTED_SPEC)
+    *parents, last = path.split(".")
+    target = spec
+    for key in parents:
+        target = target[key]
+    if value is DELETE:
+        del target[last]
+    else:
+        target[last] = value
+    with pytest.raises(SpecError) as caught:
+        ClusterSpec.from_body(body(spec))
     assert message in str(caught.value)
     assert "\n" not in str(caught.value)
 

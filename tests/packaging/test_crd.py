@@ -381,6 +381,26 @@ REFUSED_ON_CREATE = [
      ["spec.archive.endpoint", "http:// or https://"]),
     ("credentials secret without name", {"archive": {"url": "s3://b", "credentialsSecret": {}}},
      ["spec.archive.credentialsSecret.name", "Required value"]),
+    ("signing key secret without name", {"archive": {"url": "s3://b",
+                                                      "signingKeySecret": {"key": "k"}}},
+     ["spec.archive.signingKeySecret.name", "Required value"]),
+    ("signing key secret name not a name", {"archive": {"url": "s3://b", "signingKeySecret": {
+        "name": "Archive_Key"}}}, ["spec.archive.signingKeySecret.name", "should match"]),
+    ("signing key with a slash", {"archive": {"url": "s3://b", "signingKeySecret": {
+        "name": "archive-key", "key": "a/b"}}}, ["spec.archive.signingKeySecret.key", "match"]),
+    ("previous keys list the signing key", {"archive": {"url": "s3://b", "signingKeySecret": {
+        "name": "archive-key", "previousKeys": ["old", "signing-key"]}}},
+     ["spec.archive.signingKeySecret", "previousKeys must not list key"]),
+    ("previous keys repeated", {"archive": {"url": "s3://b", "signingKeySecret": {
+        "name": "archive-key", "previousKeys": ["old", "old"]}}},
+     ["spec.archive.signingKeySecret.previousKeys", "lists a key twice"]),
+    ("encryption without type", {"archive": {"url": "s3://b", "encryption": {}}},
+     ["spec.archive.encryption.type", "Required value"]),
+    ("encryption type aes", {"archive": {"url": "s3://b", "encryption": {"type": "aes"}}},
+     ["spec.archive.encryption.type", 'Unsupported value: "aes"', '"AES256", "aws:kms"']),
+    ("kms key with AES256", {"archive": {"url": "s3://b", "encryption": {
+        "type": "AES256", "kmsKeyId": "alias/flotilla"}}},
+     ["spec.archive.encryption", "kmsKeyId goes with type aws:kms"]),
     ("election timeout below two heartbeats",
      {"timing": {"electionTimeoutMs": 150, "heartbeatMs": 100}},
      ["spec.timing", "electionTimeoutMs must be at least twice timing.heartbeatMs"]),
@@ -550,6 +570,11 @@ ALLOWED_UPDATES = [
     ("tls issuerRef kept, network changed", {"tls": {"issuerRef": {"name": "ca"}}},
      {"tls": {"issuerRef": {"name": "ca"}}, "network": {"policy": False, "clientFrom": [
          {"namespaceSelector": {"matchLabels": {"team": "orders"}}}]}}),
+    ("signing key and encryption added, then the key rotated",
+     {"archive": {"url": "s3://b"}},
+     {"archive": {"url": "s3://b", "signingKeySecret": {"name": "archive-key", "key": "2026",
+                                                       "previousKeys": ["2025"]},
+                  "encryption": {"type": "aws:kms", "kmsKeyId": "alias/flotilla"}}}),
     ("compaction lags equal, in other units", {},
      {"archive": {"url": "s3://b", "compaction": {
          "schedule": "@daily", "minCompactionLag": "48h", "maxCompactionLag": "2880m"}}}),
