@@ -43,6 +43,12 @@ MEMBER_CERTS_DIR = "/var/run/flotilla/members"
 MEMBER_CERTS_VOLUME = "member-certificates"
 TLS_INIT_CONTAINER = "tls"
 TLS_FILES = ("tls.crt", "tls.key", "ca.crt")
+# spec.archive.signingKeySecret: the Secret's key mounted as one file, read-only, readable by the
+# node's user alone (mode 0400; the kubelet adds group read for the pod's fsGroup), in the
+# members and in every pipeline Job, which all sign what they write and verify what they read.
+SIGNING_KEY_VOLUME = "archive-signing-key"
+SIGNING_KEY_DIR = "/var/run/flotilla/archive-signing-key"
+SIGNING_KEY_FILE = f"{SIGNING_KEY_DIR}/signing-key"
 # With clientCertAuth the kubelet's httpGet probes (which show no certificate) would fail the
 # handshake: the probes run in the container instead, showing the member's own certificate.
 _PROBE_SCRIPT = (
@@ -140,10 +146,43 @@ def pod_spec(spec: ClusterSpec, bootstrap_members: Sequence[str], bootstrapped: 
         "affinity": _spread_over_nodes(spec),
         "containers": [_container(spec, node_env(spec, bootstrap_members, bootstrapped))],
     }
+    volumes = []
     if spec.tls.enabled:
         pod["initContainers"] = [_tls_init_container(spec)]
-        pod["volumes"] = tls_volumes(spec)
+        volumes += tls_volumes(spec)
+    volumes += signing_key_volumes(spec)
+    if volumes:
+        pod["volumes"] = volumes
     return pod
+
+
+def signing_key_files(spec: ClusterSpec) -> str | None:
+    """--archive-signing-key-file: the signing key's file, then each previous key's (which
+    only verify); None without spec.archive.signingKeySecret."""
+    ref = spec.archive.signing_key if spec.archive is not None else None
+    if ref is None:
+        return None
+    return ",".join([SIGNING_KEY_FILE, *(f"{SIGNING_KEY_DIR}/previous-key-{i}"
+                                         for i in range(len(ref.previous_keys)))])
+
+
+def signing_key_volumes(spec: ClusterSpec) -> list[Manifest]:
+    """spec.archive.signingKeySecret's keys as the files of `signing_key_files` (none without
+    one). Not optional: a pod whose key is missing waits for it rather than archiving
+    unsigned."""
+    ref = spec.archive.signing_key if spec.archive is not None else None
+    files = signing_key_files(spec)
+    if ref is None or files is None:
+        return []
+    items = [{"key": key, "path": path.rsplit("/", 1)[1]}
+             for key, path in zip((ref.key, *ref.previous_keys), files.split(","), strict=True)]
+    return [{"name": SIGNING_KEY_VOLUME,
+             "secret": {"secretName": ref.name, "defaultMode": 0o400, "items": items}}]
+
+
+def signing_key_mounts(spec: ClusterSpec) -> list[Manifest]:
+    return [{"name": volume["name"], "mountPath": SIGNING_KEY_DIR, "readOnly": True}
+            for volume in signing_key_volumes(spec)]
 
 
 def tls_volumes(spec: ClusterSpec) -> list[Manifest]:
@@ -214,7 +253,12 @@ def node_env(
             _value("FLOTILLA_ARCHIVE_INTERVAL_MS", archive.interval_ms),
             _secret("AWS_ACCESS_KEY_ID", archive.access_key_id),
             _secret("AWS_SECRET_ACCESS_KEY", archive.secret_access_key),
+            # It also verifies what the member restores (spec.bootstrap.restore) or fetches.
+            _value("FLOTILLA_ARCHIVE_SIGNING_KEY_FILE", signing_key_files(spec)),
         ]
+        if archive.encryption is not None:
+            env += [_value("FLOTILLA_S3_SSE", archive.encryption.type),
+                    _value("FLOTILLA_S3_SSE_KMS_KEY_ID", archive.encryption.kms_key_id)]
     if spec.restore is not None:
         # A point in time was published by the restore Job as a cluster of its own, whose
         # newest state is exactly the target: the members restore that, with no index.
@@ -338,12 +382,20 @@ def archive_cronjob(spec: ClusterSpec, kind: str) -> Manifest:
 
 
 def _archive_access(spec: ClusterSpec) -> list[str]:
-    """The flags every pipeline Job shares: spec.archive's endpoint and region, the master."""
+    """The flags every pipeline Job shares: spec.archive's endpoint and region, its signing
+    key (mounted as in the members) and server-side encryption, the master. As flags: the
+    pipeline reads --s3-sse from no environment."""
     archive, args = spec.archive, []
     if archive is not None and archive.endpoint is not None:
         args += ["--s3-endpoint", archive.endpoint]
     if archive is not None and archive.region is not None:
         args += ["--s3-region", archive.region]
+    if signing_key_files(spec) is not None:
+        args += ["--archive-signing-key-file", str(signing_key_files(spec))]
+    if archive is not None and archive.encryption is not None:
+        args += ["--s3-sse", archive.encryption.type]
+        if archive.encryption.kms_key_id is not None:
+            args += ["--s3-sse-kms-key-id", archive.encryption.kms_key_id]
     return [*args, "--master", PIPELINE_MASTER]
 
 
@@ -368,7 +420,8 @@ def _pipeline_job_spec(spec: ClusterSpec, container_name: str, command: list[str
         "workingDir": SCRATCH_PATH,
         "env": [var for var in env if var is not None],
         "resources": {kind: dict(values) for kind, values in PIPELINE_RESOURCES.items()},
-        "volumeMounts": [{"name": SCRATCH_VOLUME, "mountPath": SCRATCH_PATH}],
+        "volumeMounts": [{"name": SCRATCH_VOLUME, "mountPath": SCRATCH_PATH},
+                         *signing_key_mounts(spec)],
         "terminationMessagePath": TERMINATION_LOG,
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": _container_security(),
@@ -390,7 +443,8 @@ def _pipeline_job_spec(spec: ClusterSpec, container_name: str, command: list[str
                 "enableServiceLinks": False,
                 "securityContext": _pod_security(),
                 "containers": [container],
-                "volumes": [{"name": SCRATCH_VOLUME, "emptyDir": {}}],
+                "volumes": [{"name": SCRATCH_VOLUME, "emptyDir": {}},
+                            *signing_key_volumes(spec)],
             },
         },
     }
@@ -560,6 +614,7 @@ def _container(spec: ClusterSpec, env: list[Manifest]) -> Manifest:
     if spec.tls.enabled:
         container["volumeMounts"].append({"name": TLS_VOLUME, "mountPath": TLS_DIR,
                                           "readOnly": True})
+    container["volumeMounts"] += signing_key_mounts(spec)
     return container
 
 
