@@ -3,6 +3,7 @@ environment that the node's own flag parser turns into the intended configuratio
 
 from __future__ import annotations
 
+import argparse
 import re
 from typing import Any
 
@@ -785,3 +786,186 @@ def test_the_network_policy_can_be_left_out():
     assert "NetworkPolicy" not in {o["kind"] for o in objects(PLAIN)}
     assert render.owned_objects(BASIC, [], True, 0, operator_peer=OPERATOR)[1] == \
         render.network_policy(BASIC, OPERATOR)
+
+
+# -- signed manifests and server-side encryption ------------------------------------------------
+
+SIGNING_SECRETS = {"2026": b"new-signing-key-0123456789abcdef\n", "2025": b"old-key-0123456789"}
+SIGNED = ClusterSpec.from_body(body({
+    "archive": {
+        "url": "s3://backups/flotilla",
+        "credentialsSecret": {"name": "s3-creds", "accessKeyIdKey": "id"},
+        "signingKeySecret": {"name": "archive-key", "key": "2026", "previousKeys": ["2025"]},
+        "encryption": {"type": "aws:kms", "kmsKeyId": "alias/flotilla"},
+        "compaction": {"schedule": "@daily"},
+        "export": {"schedule": "@hourly", "destination": "s3://lake/flotilla"},
+    },
+    "bootstrap": {"restore": {"url": "s3://backups/flotilla", "clusterId": "old", "index": 42}},
+}))
+AES = ClusterSpec.from_body(body({"archive": {
+    "url": "s3://b", "signingKeySecret": {"name": "archive-key"},
+    "encryption": {"type": "AES256"}, "compaction": {"schedule": "@daily"}}}))
+
+
+def signed_pods(spec: ClusterSpec) -> dict[str, dict[str, Any]]:
+    """Every pod template the operator renders for `spec`: the members', the restore Job's
+    (with a point in time) and each CronJob's."""
+    pods = {"member": render.statefulset(spec, spec.member_names(3), False, 3)["spec"][
+        "template"]["spec"]}
+    if spec.restored_cluster_id is not None:
+        pods["snapshot-at"] = render.restore_job(spec)["spec"]["template"]["spec"]
+    assert spec.archive is not None
+    for kind in spec.archive.scheduled():
+        pods[kind] = render.archive_cronjob(spec, kind)["spec"]["jobTemplate"]["spec"][
+            "template"]["spec"]
+    return pods
+
+
+def kubelet_files(pod: dict[str, Any], directory) -> dict[str, str]:
+    """Writes the signing key volume's files as the kubelet would, from SIGNING_SECRETS, into
+    `directory`; returns each in-container path with the path it was written to."""
+    (volume,) = [v for v in pod["volumes"] if v["name"] == render.SIGNING_KEY_VOLUME]
+    written = {}
+    for item in volume["secret"]["items"]:
+        local = directory / item["path"]
+        local.write_bytes(SIGNING_SECRETS[item["key"]])
+        written[f"{render.SIGNING_KEY_DIR}/{item['path']}"] = str(local)
+    return written
+
+
+@pytest.mark.parametrize("spec", [SIGNED, AES], ids=["kms", "aes"])
+def test_signed_and_encrypted_objects_pass_the_kubernetes_schema_strictly(spec):
+    for bootstrapped in (False, True):
+        for obj in objects(spec, bootstrapped):
+            kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+    assert spec.archive is not None
+    for kind in spec.archive.scheduled():
+        kubernetes_validate.validate(render.archive_cronjob(spec, kind), K8S_VERSION,
+                                     strict=True)
+    if spec.restored_cluster_id is not None:
+        kubernetes_validate.validate(render.restore_job(spec), K8S_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("name", ["member", "snapshot-at", "compaction", "export"])
+def test_every_pod_mounts_the_signing_keys_read_only_from_the_secret(name):
+    pod = signed_pods(SIGNED)[name]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == render.SIGNING_KEY_VOLUME]
+    assert volume["secret"] == {
+        "secretName": "archive-key", "defaultMode": 0o400,  # no `optional`: the pod waits
+        "items": [{"key": "2026", "path": "signing-key"},
+                  {"key": "2025", "path": "previous-key-0"}]}
+    (container,) = pod["containers"]
+    assert [m for m in container["volumeMounts"] if m["name"] == render.SIGNING_KEY_VOLUME] == [
+        {"name": render.SIGNING_KEY_VOLUME, "mountPath": "/var/run/flotilla/archive-signing-key",
+         "readOnly": True}]
+    # The TLS init container copies certificates only: it never sees the signing key.
+    for init in pod.get("initContainers", []):
+        assert render.SIGNING_KEY_VOLUME not in {m["name"] for m in init["volumeMounts"]}
+
+
+def test_the_node_signs_with_the_first_key_verifies_with_both_and_encrypts(tmp_path):
+    from flotilla.node.archive import ManifestKeys, S3Encryption
+
+    statefulset = render.statefulset(SIGNED, SIGNED.member_names(3), False, 3)
+    files = kubelet_files(statefulset["spec"]["template"]["spec"], tmp_path)
+    env = pod_env(statefulset, "demo-1", render.bootstrap_config(SIGNED, SIGNED.member_names(3),
+                                                                 False))
+    assert env["FLOTILLA_ARCHIVE_SIGNING_KEY_FILE"] == (
+        "/var/run/flotilla/archive-signing-key/signing-key,"
+        "/var/run/flotilla/archive-signing-key/previous-key-0")
+    assert (env["FLOTILLA_S3_SSE"], env["FLOTILLA_S3_SSE_KMS_KEY_ID"]) == ("aws:kms",
+                                                                         "alias/flotilla")
+    env["FLOTILLA_ARCHIVE_SIGNING_KEY_FILE"] = ",".join(
+        files[path] for path in env["FLOTILLA_ARCHIVE_SIGNING_KEY_FILE"].split(","))
+    cfg = parse([], env)
+    expected = ManifestKeys.parse(f"{tmp_path}/signing-key,{tmp_path}/previous-key-0")
+    assert cfg.archive_keys is not None
+    assert cfg.archive_keys.key_ids == expected.key_ids  # the new key first: it signs
+    assert cfg.s3_encryption == S3Encryption("aws:kms", "alias/flotilla")
+
+
+def test_aes256_gives_no_kms_key_and_one_key_file():
+    env = {var["name"]: var.get("value") for var in render.node_env(AES, ["demo-0"], False)}
+    assert env["FLOTILLA_S3_SSE"] == "AES256"
+    assert "FLOTILLA_S3_SSE_KMS_KEY_ID" not in env
+    assert env["FLOTILLA_ARCHIVE_SIGNING_KEY_FILE"] == render.SIGNING_KEY_FILE
+
+
+@pytest.mark.parametrize(("name", "job"), [("snapshot-at", "snapshot-at"),
+                                           ("compaction", "compact"), ("export", "export")])
+def test_every_pipeline_job_signs_verifies_and_encrypts_like_the_members(name, job, tmp_path):
+    from flotilla.pipeline.main import _archive_protection
+
+    pod = signed_pods(SIGNED)[name]
+    (container,) = pod["containers"]
+    args = pipeline_args(job, container["args"])
+    assert args["archive_signing_key_file"] == (
+        "/var/run/flotilla/archive-signing-key/signing-key,"
+        "/var/run/flotilla/archive-signing-key/previous-key-0")
+    assert (args["s3_sse"], args["s3_sse_kms_key_id"]) == ("aws:kms", "alias/flotilla")
+    files = kubelet_files(pod, tmp_path)
+    args["archive_signing_key_file"] = ",".join(
+        files[path] for path in args["archive_signing_key_file"].split(","))
+    protection = _archive_protection(argparse.Namespace(**args))
+    member_env = render.node_env(SIGNED, ["demo-0"], False)
+    assert protection["keys"].key_ids == parse_keys(tmp_path).key_ids
+    assert protection["encryption"].put_args() == {"ServerSideEncryption": "aws:kms",
+                                                   "SSEKMSKeyId": "alias/flotilla"}
+    assert {"name": "FLOTILLA_ARCHIVE_SIGNING_KEY_FILE",
+            "value": "/var/run/flotilla/archive-signing-key/signing-key,"
+                     "/var/run/flotilla/archive-signing-key/previous-key-0"} in member_env
+
+
+def parse_keys(directory):
+    from flotilla.node.archive import ManifestKeys
+
+    return ManifestKeys.parse(f"{directory}/signing-key,{directory}/previous-key-0")
+
+
+def test_without_a_key_or_encryption_nothing_is_mounted_passed_or_flagged():
+    for spec in (FULL, SCHEDULED, MINIMAL, BASIC):
+        names = {var["name"] for var in render.node_env(spec, spec.member_names(3), False)}
+        assert not {"FLOTILLA_ARCHIVE_SIGNING_KEY_FILE", "FLOTILLA_S3_SSE",
+                    "FLOTILLA_S3_SSE_KMS_KEY_ID"} & names
+        pods = [render.statefulset(spec, spec.member_names(3), False, 3)["spec"]["template"][
+            "spec"]]
+        if spec.archive is not None:
+            pods += [render.archive_cronjob(spec, kind)["spec"]["jobTemplate"]["spec"][
+                "template"]["spec"] for kind in spec.archive.scheduled()]
+        for pod in pods:
+            assert render.SIGNING_KEY_VOLUME not in {v["name"] for v in pod.get("volumes", [])}
+            for container in pod["containers"]:
+                assert not {"--archive-signing-key-file", "--s3-sse", "--s3-sse-kms-key-id"} & set(
+                    container.get("args", []))
+
+
+@pytest.mark.parametrize("change", [
+    {"signingKeySecret": {"name": "archive-key-2"}},
+    {"signingKeySecret": {"name": "archive-key", "key": "2027", "previousKeys": ["2026"]}},
+    {"signingKeySecret": {"name": "archive-key"}, "encryption": {"type": "AES256"}},
+    {"encryption": {"type": "aws:kms", "kmsKeyId": "alias/other"}},
+    {},  # both removed
+])
+def test_a_changed_key_or_encryption_changes_the_member_template_so_members_roll(change):
+    """The StatefulSet is OnDelete: the operator restarts members whose pod runs an older
+    template than the StatefulSet's. Changing the Secret reference or encryption must change
+    the template (and the bootstrap turn to `existing` must not)."""
+    before = {"url": "s3://b", "signingKeySecret": {"name": "archive-key"},
+              "encryption": {"type": "aws:kms"}}
+    old = ClusterSpec.from_body(body({"archive": before}))
+    new = ClusterSpec.from_body(body({"archive": {"url": "s3://b", **change}}))
+    template = render.statefulset(old, [], True, 3)["spec"]["template"]
+    assert render.statefulset(new, [], True, 3)["spec"]["template"] != template
+    assert render.statefulset(old, old.member_names(3), False, 3)["spec"]["template"] == template
+
+
+def test_the_signing_and_encryption_env_names_are_node_flags():
+    """The names the node reads its flags from (`config.FLAGS`): these three are flags whose
+    NodeConfig fields have other names (archive_keys, s3_encryption)."""
+    from flotilla.node.config import FLAGS
+
+    flags = {"FLOTILLA_" + flag[2:].replace("-", "_").upper() for flag, _ in FLAGS}
+    for spec in (SIGNED, AES):
+        names = [var["name"] for var in render.node_env(spec, spec.member_names(3), False)]
+        assert len(names) == len(set(names))
+        assert set(names) <= flags | {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
