@@ -964,3 +964,31 @@ def test_with_an_issuer_members_wait_for_cert_manager_then_run_on_its_certificat
     with kubelet.client(kubelet.client_url("demo-0"), timeout=10) as c:
         c.put("signed-by", b"cert-manager")
     assert_admitted(api)
+
+
+def test_a_cluster_with_a_signing_key_archives_signed_manifests(world):
+    """spec.archive.signingKeySecret reaches the members as a file: the manifests they write
+    carry a MAC by that key."""
+    from flotilla.node.archive import ManifestKeys
+
+    _, api, kubelet, root = world
+    (root / "archive").mkdir()
+    secret = b"orders-archive-signing-key-0123456789"
+    api.create({"apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": "archive-key", "namespace": NS},
+                "data": {"signing-key": base64.b64encode(secret).decode()}})
+    body = raft_cluster((root / "archive").as_uri(), replicas=1)
+    body["spec"]["archive"]["signingKeySecret"] = {"name": "archive-key"}
+    ready_cluster(api, kubelet, body, replicas=1)
+    with kubelet.client([kubelet.client_url("demo-0")], timeout=10) as c:
+        c.put("signed", b"yes")
+        wait_for(lambda: sorted((root / "archive").rglob("manifests/*.json")), 30,
+                 "a manifest in the archive")
+    key_file = root / "signing.key"
+    key_file.write_bytes(secret)
+    (key_id,) = ManifestKeys.parse(str(key_file)).key_ids
+    for path in sorted((root / "archive").rglob("manifests/*.json")):
+        manifest = json.loads(path.read_text())
+        assert manifest["mac"]["alg"] == "HMAC-SHA256", path
+        assert manifest["mac"]["key_id"] == key_id, path
+        ManifestKeys.parse(str(key_file)).verify(manifest, str(path))
