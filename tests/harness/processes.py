@@ -369,6 +369,12 @@ class NodeProcess:
             self._log.close()
             self._log = None
 
+    def __enter__(self) -> NodeProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def _signal_group(self, sig: signal.Signals) -> None:
         assert self.proc is not None
         # Only called while the process is unreaped, so its pid cannot have been reused.

@@ -19,21 +19,19 @@ from tests.node.badinput import assert_error
 FAST = {"election_timeout_ms": 300, "heartbeat_ms": 30}
 
 
-def _member(tmp_path: Path, *, start: bool = True) -> NodeProcess:
+def _member(tmp_path: Path) -> NodeProcess:
+    """A started single-member cluster run without --admin-token."""
     peer, client = allocate_ports(2)
     return NodeProcess("n1", tmp_path / "n1" / "data", f"127.0.0.1:{peer}",
-                       f"127.0.0.1:{client}", admin_token=None, start=start, **FAST)
+                       f"127.0.0.1:{client}", admin_token=None, **FAST)
 
 
 @pytest.fixture
 def member(tmp_path: Path) -> Iterator[NodeProcess]:
     require_node()
-    node = _member(tmp_path)
-    try:
+    with _member(tmp_path) as node:  # killed at the end, whatever the test did
         node.wait_serving()
         yield node
-    finally:
-        node.close()
 
 
 def _snapshot(node: NodeProcess, token: str | None):
@@ -94,24 +92,20 @@ def test_the_generated_token_survives_restarts(member):
 def test_a_given_token_is_used_and_nothing_is_generated(tmp_path):
     require_node()
     peer, client = allocate_ports(2)
-    node = NodeProcess("n1", tmp_path / "n1" / "data", f"127.0.0.1:{peer}",
-                       f"127.0.0.1:{client}", admin_token="a-token-given-on-the-command-line",
-                       **FAST)
-    try:
+    with NodeProcess("n1", tmp_path / "n1" / "data", f"127.0.0.1:{peer}",
+                     f"127.0.0.1:{client}", admin_token="a-token-given-on-the-command-line",
+                     **FAST) as node:
         node.wait_serving()
         assert _snapshot(node, "a-token-given-on-the-command-line").status == 200
         refused = _snapshot(node, None)
         assert_error(refused, 401, "unauthorized", "--admin-token")
         assert "admin-token" not in {p.name for p in node.data_dir.iterdir()}
-    finally:
-        node.close()
 
 
 def test_a_token_file_too_short_to_use_is_refused_not_replaced(tmp_path):
     """Someone wrote it: a member that silently replaced it would lock them out."""
     require_node()
-    node = _member(tmp_path)
-    try:
+    with _member(tmp_path) as node:
         node.wait_serving()
         assert node.terminate() == 0
         token_file = node.data_dir / "admin-token"
@@ -127,5 +121,3 @@ def test_a_token_file_too_short_to_use_is_refused_not_replaced(tmp_path):
         node.restart()
         node.wait_serving()
         assert len(token_file.read_text().strip()) >= 32
-    finally:
-        node.close()
