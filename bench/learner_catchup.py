@@ -1,8 +1,9 @@
 """How long a new learner takes to catch up behind a compacted log: via the archive or the leader.
 
 For each mode, a fresh 3-member cluster of ``flotilla node`` processes on loopback (the test
-harness's LocalCluster, heartbeat 100 ms, election timeout 1000 ms, fsync on) is started in a
-temporary directory:
+harness's LocalCluster, heartbeat 100 ms, election timeout 1000 ms, fsync on, the harness's
+``--admin-token``, which its clients send with every admin call) is started in a temporary
+directory:
 
 * ``archive``: every member runs with ``--archive`` (a ``file://`` directory under the run's
   temporary directory, or with ``--s3`` a bucket on a local ``moto_server``). A leader whose
@@ -710,10 +711,12 @@ def reproduce(args: argparse.Namespace, results: list[Result]) -> str:
             lines += [f"By hand, mode {r.mode} (paths of this run's temporary directory):",
                       f"  a voter:   {r.commands[0]}",
                       f"  learner:   {r.commands[1]}  (the next ones: n4, n5...)",
-                      "  then: fill the state with PUT /v1/kv/...; curl -X POST "
-                      "$LEADER/v1/snapshot; a few more PUTs; curl -X POST $LEADER/v1/members "
-                      "-d '{\"name\": \"n3\", \"peer_url\": ..., \"client_url\": ...}'; poll "
-                      "/v1/status of both; compare GET /metrics before and after"]
+                      "  then, with AUTH='Authorization: Bearer <their --admin-token>': fill "
+                      "the state with PUT /v1/kv/...; curl -X POST -H \"$AUTH\" "
+                      "$LEADER/v1/snapshot; a few more PUTs; curl -X POST -H \"$AUTH\" "
+                      "$LEADER/v1/members -d '{\"name\": \"n3\", \"peer_url\": ..., "
+                      "\"client_url\": ...}'; poll /v1/status of both (with $AUTH); compare "
+                      "GET /metrics before and after"]
     return "\n".join(lines)
 
 

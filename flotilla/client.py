@@ -329,8 +329,9 @@ class Client:
 
     ``endpoints``: client URLs (``http://127.0.0.1:2379``), a list or one comma-separated
     string. ``timeout``: seconds one call may take, retries included. ``token``: the admin
-    token (``--admin-token``) for admin calls. ``client_id``: the exactly-once session name
-    (default: a fresh random one). ``retries``: re-sends after the first attempt.
+    token for admin calls (the members' ``--admin-token``; a member started without one keeps
+    the token it generated in ``<data-dir>/admin-token``). ``client_id``: the exactly-once
+    session name (default: a fresh random one). ``retries``: re-sends after the first attempt.
     ``first_seq``: the first sequence number (to continue a session of ``client_id``).
     ``prefer_leader=False`` sends to the endpoints themselves, round-robin, and lets them
     forward: to spread serializable reads, or to show forwarding.

@@ -919,6 +919,11 @@ def _up(root: Path, replicas: int, *, election_timeout_ms: int, heartbeat_ms: in
                 f"`flotilla status --dir {root}` shows it, `flotilla down --dir {root}` stops it")
         _resume_notes(cluster, replicas, election_timeout_ms, heartbeat_ms, archive, tls, say,
                       signing_key_file)
+        if read_token(root) is None and node_accepts_flag("--admin-token"):
+            # Made before `up` generated a token: its members would each generate their own
+            # in their data dirs, which the other commands do not read.
+            _write_token(root)
+            say(f"note: {root} had no admin token; generated one in {root / TOKEN_FILE}")
         down = [n for n in cluster.names if n not in running]
         if running:
             say(f"{', '.join(running)} running; starting {', '.join(down)}")

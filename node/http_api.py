@@ -492,21 +492,25 @@ class ClientAPI:
     # --- helpers -----------------------------------------------------------------------
 
     def _admin_allowed(self, request: web.Request) -> web.Response | None:
+        """None when the request carries the admin token, else the 401 to answer. There is
+        always a token (`NodeServer.open` generates one when --admin-token is not given)."""
         token = self.node.cfg.admin_token
-        if token is None:
-            return None
         given = request.headers.get("Authorization", "")
         scheme, _, credentials = given.strip().partition(" ")
         # Header text is decoded with surrogateescape: non-UTF-8 bytes must not become a 500.
-        if scheme.lower() == "bearer" and hmac.compare_digest(
+        if token is not None and scheme.lower() == "bearer" and hmac.compare_digest(
                 credentials.strip().encode("utf-8", "surrogateescape"),
                 token.encode("utf-8", "surrogateescape")):
             return None
         why = ("has no Authorization header" if not given else
                "carries a wrong token" if scheme.lower() == "bearer" else
                f"uses the {scheme[:20]!r} scheme, not Bearer")
+        generated = self.node.admin_token_file
+        which = ("the member's --admin-token" if generated is None else
+                 f"the token in {generated} on the member's host (it was started without "
+                 "--admin-token)")
         return error(401, "unauthorized", f"the request {why}: admin endpoints need "
-                     "'Authorization: Bearer <token>' with the member's --admin-token",
+                     f"'Authorization: Bearer <token>' with {which}",
                      **{"WWW-Authenticate": 'Bearer realm="flotilla"'})
 
     async def _forward(self, request: web.Request, body: bytes | None) -> web.Response:
@@ -695,7 +699,7 @@ class ClientAPI:
 
     async def status(self, request: web.Request) -> web.Response:
         doc = self.node.status()
-        if self.node.cfg.admin_token is not None and self._admin_allowed(request) is not None:
+        if self._admin_allowed(request) is not None:
             doc = public_status(doc)
         return web.json_response(doc)
 

@@ -14,8 +14,9 @@ import asyncio
 import itertools
 import logging
 import random
+import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -52,9 +53,9 @@ from flotilla.node.storage.space import disk_full
 from . import restore
 from .alarms import CHECK_INTERVAL, SpaceAlarm
 from .archiver import NODE_ARCHIVE_SETTINGS, Archiver
-from .config import NodeConfig
+from .config import MIN_TOKEN_BYTES, NodeConfig
 from .metrics import Metrics
-from .tls import NodeContexts
+from .tls import NodeContexts, write_private
 from .transport import (
     CONFIGURED,
     MEMBERSHIP,
@@ -104,6 +105,30 @@ def _restored_machine(payload) -> KVStateMachine:
 SNAPSHOT_WAIT = 30.0
 
 
+#: Where a member started without --admin-token keeps the token it generated (0600).
+ADMIN_TOKEN_FILE = "admin-token"
+
+
+def admin_token_in(path: Path) -> str:
+    """The token in `path`, made (32 random bytes, URL-safe) the first time, or when a crash
+    left the file empty. A file holding a token too short to use is refused (StorageError),
+    never replaced: someone wrote it, and would find their token silently gone."""
+    try:
+        token = path.read_text().strip()
+    except FileNotFoundError:
+        token = ""
+    size = len(token.encode("utf-8", "surrogateescape"))
+    if size >= MIN_TOKEN_BYTES:
+        return token
+    if token:
+        raise StorageError(f"{path} holds an admin token of {size} bytes, under "
+                           f"{MIN_TOKEN_BYTES}: remove the file (a new token is generated "
+                           "there) or give --admin-token")
+    token = secrets.token_urlsafe(32)
+    write_private(path, (token + "\n").encode())
+    return token
+
+
 class SnapshotRefused(ValueError):
     """A snapshot a peer sent does not restore; nothing was replaced."""
 
@@ -145,6 +170,8 @@ class NodeServer:
         self._snapshot_bytes = 0
         self._snapshot_sources: dict[Path, str] = {}  # received files fetched from the archive
         self.applied = 0
+        # Set by `open` when no --admin-token was given: the file holding the generated one.
+        self.admin_token_file: Path | None = None
 
     # --- start-up -------------------------------------------------------------------------
 
@@ -172,6 +199,9 @@ class NodeServer:
         cfg = self.cfg
         self.datadir = DataDir.open(cfg.data_dir, cluster_id=cfg.cluster_id,
                                     member_name=cfg.name, fsync=cfg.fsync)
+        if cfg.admin_token is None:  # the admin API always needs a token
+            self.admin_token_file = self.datadir.path / ADMIN_TOKEN_FILE
+            self.cfg = cfg = replace(cfg, admin_token=admin_token_in(self.admin_token_file))
         self.storage = DiskStorage(cfg.data_dir, cluster_id=cfg.cluster_id, fsync=cfg.fsync)
         if make_private(self.datadir.path):  # only once storage found nothing to refuse
             log.info("closed %s to other users (mode 0700)", self.datadir.path)
@@ -254,6 +284,9 @@ class NodeServer:
         self._learn_addresses(self.core.membership)
 
     async def start(self) -> None:
+        if self.admin_token_file is not None:  # logged once serving: a refusal is one line
+            log.info("no --admin-token given: the admin API takes the token in %s",
+                     self.admin_token_file)
         await self.transport.start()
         self._tasks = [asyncio.create_task(self._run()), asyncio.create_task(self._ticker()),
                        asyncio.create_task(self._watch_disk())]

@@ -26,7 +26,7 @@ from flotilla.node.statemachine.kv import KVStateMachine
 
 from tests.harness.kvclient import TRANSPORT_ERRORS, KVClient, Response
 from tests.harness.polling import wait_for
-from tests.harness.processes import LocalCluster
+from tests.harness.processes import LocalCluster, NodeProcess
 
 FAST = {"election_timeout_ms": 500, "heartbeat_ms": 50}
 ARCHIVE_INTERVAL_MS = 200
@@ -107,11 +107,13 @@ def wait_archived(cluster: LocalCluster, leader: str, index: int, timeout: float
         raise AssertionError(f"{exc}\n{cluster.log_tails(30)}") from None
 
 
-def post_snapshot(url: str, timeout: float = 30.0) -> dict[str, Any]:
-    """``POST /v1/snapshot`` on one member; the JSON answer (asserting 200)."""
-    with KVClient(url, timeout=timeout) as c:
+def post_snapshot(node: NodeProcess, timeout: float = 30.0) -> dict[str, Any]:
+    """``POST /v1/snapshot`` on one member, with its admin token; the JSON answer (asserting
+    200)."""
+    with node.client(timeout=timeout) as c:
         resp = c.request("POST", "/v1/snapshot")
-    assert resp.status == 200, f"POST /v1/snapshot on {url}: {resp.status} {resp.body[:300]!r}"
+    assert resp.status == 200, (f"POST /v1/snapshot on {node.url}: {resp.status} "
+                                f"{resp.body[:300]!r}")
     return resp.json()
 
 

@@ -40,7 +40,7 @@ def test_corrupt_objects_at_restore(local_cluster, s3_store: Store, bucket: Buck
                 # Let the archive take the burst first, so that the older snapshot plus the
                 # segments after it make a complete way to the newest state.
                 wait_archived(old, "n0", writer.writes[-1].index)
-                post_snapshot(url)
+                post_snapshot(old.nodes["n0"])
         writes = list(writer.writes)
     wait_archived(old, "n0", writes[-1].index)
     old.nodes["n0"].kill()

@@ -50,7 +50,7 @@ def test_snapshots_segments_and_manifests_land_in_the_bucket(local_cluster, s3_s
         assert early["url"] and early["url"].startswith(s3_store.url), early
         assert early["last_snapshot_index"] in (0, None), early
 
-        snap = post_snapshot(cluster.nodes[leader].url)
+        snap = post_snapshot(cluster.nodes[leader])
         assert snap["index"] >= first_batch, snap
         assert snap["bytes"] > 0, snap
         snap_key = f"snapshots/{snap['index']:020d}-{snap['term']:020d}.snap"
@@ -141,7 +141,7 @@ def test_snapshot_is_shipped_while_writes_continue(local_cluster, s3_store: Stor
         wait_for(lambda: writers.count() >= 100, 30, "100 acknowledged writes")
         started = time.monotonic()
         try:
-            snap = post_snapshot(url, timeout=SNAPSHOT_ANSWER_S)
+            snap = post_snapshot(cluster.nodes["n0"], timeout=SNAPSHOT_ANSWER_S)
         except TimeoutError:
             raise AssertionError(
                 f"POST /v1/snapshot did not answer within {SNAPSHOT_ANSWER_S}s while "

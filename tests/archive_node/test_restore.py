@@ -57,7 +57,7 @@ def test_disaster_restore(local_cluster, request, store_name):
             writes += writers.stop()
         writers.check()
         if burst == 0:
-            snap = post_snapshot(old.nodes[leader].url)
+            snap = post_snapshot(old.nodes[leader])
     writes.sort(key=lambda w: w.index)
     assert len({w.index for w in writes}) == len(writes), "two writes share an index"
     highest = writes[-1].index
@@ -125,9 +125,9 @@ def test_restore_at_index(local_cluster, s3_store: Store, where: str):
     # Snapshots are requested between the bursts, without waiting for the archive.
     with Writer([url]) as writer:
         random_writes(writer, keys, 30, rng, delete_ratio=0.3, tag="a")
-        first_snap = post_snapshot(url)
+        first_snap = post_snapshot(old.nodes["n0"])
         random_writes(writer, keys, 30, rng, delete_ratio=0.3, tag="b")
-        second_snap = post_snapshot(url)
+        second_snap = post_snapshot(old.nodes["n0"])
         random_writes(writer, keys, 30, rng, delete_ratio=0.3, tag="c")
         writes = list(writer.writes)
     indexes = [w.index for w in writes]

@@ -128,7 +128,7 @@ def test_restore_at_a_time_holds_exactly_what_was_acknowledged_by_then(local_clu
 
     def snapshot_after_phase_1(phase: int) -> None:
         if phase == 1:  # later targets restore from a snapshot plus segments
-            post_snapshot(old.nodes[old.wait_leader()].url)
+            post_snapshot(old.nodes[old.wait_leader()])
 
     with Writer([n.url for n in old.nodes.values()]) as writer:
         phases, ends = write_in_phases(writer, keys, random.Random(11), snapshot_after_phase_1)

@@ -19,7 +19,6 @@ from tests.archive_node.support import (
     wait_archived,
     wait_for,
 )
-from tests.harness.kvclient import KVClient
 
 
 def now_ms() -> int:
@@ -28,7 +27,7 @@ def now_ms() -> int:
 
 def transfer_leadership(cluster, leader: str) -> str:
     target = next(name for name in cluster.nodes if name != leader)
-    with KVClient(cluster.nodes[leader].url, timeout=10) as client:
+    with cluster.client(leader, timeout=10) as client:
         resp = client.post_json("/v1/leader", {"name": target})
     assert resp.status == 200, resp
     wait_for(lambda: cluster.wait_leader() == target, 20, f"{target} to lead")
@@ -50,7 +49,7 @@ def test_a_real_cluster_stamps_every_entry_with_its_leaders_clock(local_cluster,
                 write = writer.put(f"t/{burst}-{n:02d}", f"value {burst} {n}")
                 windows[write.index] = (before, now_ms())
             if burst == 0:
-                snapshot = post_snapshot(cluster.nodes[leader].url)
+                snapshot = post_snapshot(cluster.nodes[leader])
             if burst == 1:
                 leader = transfer_leadership(cluster, leader)
     highest = max(windows)

@@ -62,7 +62,7 @@ def test_compare_and_set_on_the_mod_index(cluster):
 
 
 def test_bad_input_gets_the_matching_error(cluster):
-    with Client(cluster.urls) as c:
+    with Client(cluster.urls, token=cluster.admin_token) as c:
         with pytest.raises(BadRequest):
             c.put("k", b"v", prev_index=-1)
         with pytest.raises(TooLarge):

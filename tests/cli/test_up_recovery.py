@@ -155,3 +155,27 @@ def test_up_protects_the_admin_api_with_a_token_the_other_commands_use(tmp_path:
         assert scaled.returncode == 0, scaled.stdout + scaled.stderr
     finally:
         flotilla(tmp_path, "down", "--timeout", "5")
+
+
+def test_up_gives_a_cluster_made_without_a_token_one_before_resuming_it(tmp_path: Path):
+    """A cluster made before `up` generated a token: its members would each make their own in
+    their data dirs, which `flotilla` does not read, so `up` makes the cluster's token first."""
+    require_node()
+    root = tmp_path / ".flotilla"
+    try:
+        assert flotilla(tmp_path, "up", *FAST).returncode == 0
+        assert flotilla(tmp_path, "down", "--timeout", "5").returncode == 0
+        (root / local.TOKEN_FILE).unlink()
+        resumed = flotilla(tmp_path, "up", *FAST)
+        assert resumed.returncode == 0, resumed.stderr
+        assert f"had no admin token; generated one in .flotilla/{local.TOKEN_FILE}" \
+            in resumed.stdout
+        assert (root / local.TOKEN_FILE).stat().st_mode & 0o777 == 0o600
+        snap = flotilla(tmp_path, "snapshot", "-o", "json")
+        assert snap.returncode == 0, snap.stderr
+        status = flotilla(tmp_path, "status", "-o", "json")
+        assert status.returncode == 0, status.stderr
+        doc = json.loads(status.stdout)
+        assert "cluster_id" in doc and "redacted" not in doc  # the token was taken
+    finally:
+        flotilla(tmp_path, "down", "--timeout", "5")

@@ -18,6 +18,7 @@ from tests.faults.support import (
     workload,
 )
 from tests.harness.kvclient import TRANSPORT_ERRORS, KVClient
+from tests.harness.processes import NodeProcess
 
 
 def config_of(cluster, name):
@@ -25,10 +26,11 @@ def config_of(cluster, name):
     return sorted(config["voters"]), sorted(config["learners"]), config["joint"]
 
 
-def racing_config_changes(url: str, voters: list[str], spammers: int = 2,
+def racing_config_changes(node: NodeProcess, voters: list[str], spammers: int = 2,
                           timeout: float = 30.0) -> list[tuple[str, int, str | None]]:
-    """Send ``PUT /v1/config {voters}`` once from one thread while ``spammers`` threads send
-    the very same request back to back until that one returns.
+    """Send ``PUT /v1/config {voters}`` to ``node``, with its admin token, once from one
+    thread while ``spammers`` threads send the very same request back to back until that one
+    returns.
 
     Whichever request reaches the leader first starts the change (200 once C_new is committed);
     every identical request that arrives while it runs must get 409, and those after it 200
@@ -51,7 +53,7 @@ def racing_config_changes(url: str, voters: list[str], spammers: int = 2,
             answers.append(answer)
 
     def change() -> None:
-        with KVClient(url, timeout=timeout) as c:
+        with node.client(timeout=timeout) as c:
             go.wait()
             try:
                 send(c, "change")
@@ -59,7 +61,7 @@ def racing_config_changes(url: str, voters: list[str], spammers: int = 2,
                 done.set()
 
     def spam(i: int) -> None:
-        with KVClient(url, timeout=timeout) as c:
+        with node.client(timeout=timeout) as c:
             go.wait()
             while not done.is_set():
                 send(c, f"spam{i}")
@@ -90,7 +92,7 @@ def test_learners_promoted_then_leader_removed_under_load(local_cluster):
         five = ["n0", "n1", "n2", "n3", "n4"]
         leader = cluster.wait_leader(20)
         promoted_at = time.monotonic()
-        answers = racing_config_changes(cluster.nodes[leader].url, five)
+        answers = racing_config_changes(cluster.nodes[leader], five)
         statuses = [status for _, status, _ in answers]
         print(f"\nconfig race on {leader}: {len(answers)} answers: "
               f"{statuses.count(200)} x 200, {statuses.count(409)} x 409, others: "

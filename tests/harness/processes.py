@@ -15,6 +15,13 @@ address. Cutting the pair (a -> b) is then one proxy's business. A member added 
 from the log, so its inbound traffic goes through one shared proxy (* -> new); ``isolate`` works
 for it, and ``partition`` works as long as it does not split the senders of that shared proxy.
 
+Every member runs with ``--admin-token ADMIN_TOKEN`` (the member's admin API always needs a
+token), and the clients the harness hands out (``NodeProcess.client``, ``LocalCluster.client``)
+send it as ``Authorization: Bearer``. A test that gives its own ``--admin-token`` in
+``extra_args`` gets clients with that one; ``admin_token=None`` starts members without the
+flag, and their clients then carry the token each member generated in
+``<data dir>/admin-token``.
+
 With ``tls=True`` every member runs with TLS on both ports (mutual TLS between members) with a
 certificate from a CA the cluster makes under its root (``tests.harness.certs``); its URLs are
 ``https://`` and ``ssl_context`` is what clients dial them with.
@@ -45,6 +52,7 @@ from tests.harness.faultproxy import FaultProxy, ProxyNet
 from tests.harness.kvclient import TRANSPORT_ERRORS, KVClient
 
 __all__ = [
+    "ADMIN_TOKEN",
     "NODE_COMMAND",
     "LocalCluster",
     "NodeProcess",
@@ -53,6 +61,12 @@ __all__ = [
 ]
 
 NODE_COMMAND: tuple[str, ...] = (sys.executable, "-m", "flotilla.node")
+
+#: The ``--admin-token`` the harness gives every member it starts (unless told otherwise).
+ADMIN_TOKEN = "flotilla-test-admin-token-0123456789"
+
+#: Where a member started without ``--admin-token`` keeps the token it generated.
+GENERATED_TOKEN_FILE = "admin-token"
 
 
 @functools.cache
@@ -69,6 +83,26 @@ def node_unavailable_reason(timeout: float = 60.0) -> str | None:
         return (f"the node server is not runnable yet: `python -m flotilla.node --help` "
                 f"exited {done.returncode}: {detail}")
     return None
+
+
+def generated_admin_token(data_dir: Path | str) -> str | None:
+    """The token a member started without ``--admin-token`` generated in its data dir (None
+    before its first start)."""
+    try:
+        return (Path(data_dir) / GENERATED_TOKEN_FILE).read_text().strip() or None
+    except FileNotFoundError:
+        return None
+
+
+def _flag_value(args: Sequence[str], flag: str) -> str | None:
+    """The value of ``flag`` in ``args`` (``--flag V`` or ``--flag=V``; the last one wins)."""
+    found = None
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            found = args[i + 1]
+        elif arg.startswith(flag + "="):
+            found = arg[len(flag) + 1:]
+    return found
 
 
 def format_initial_cluster(view: Mapping[str, str]) -> str:
@@ -89,7 +123,9 @@ class NodeProcess:
     """One ``flotilla node`` process; restartable with exactly the flags it first ran with.
 
     With ``tls`` (a ``tests.harness.certs.MemberTLS``) it runs with TLS on both ports and its
-    URLs are ``https://``."""
+    URLs are ``https://``. It runs with ``--admin-token admin_token`` (default: the harness's
+    ``ADMIN_TOKEN``) unless ``extra_args`` or ``env`` give one (that one is used) or
+    ``admin_token`` is None (no flag: the member generates one in its data dir)."""
 
     def __init__(
         self,
@@ -111,6 +147,7 @@ class NodeProcess:
         command: Sequence[str] = NODE_COMMAND,
         start: bool = True,
         tls: MemberTLS | None = None,
+        admin_token: str | None = ADMIN_TOKEN,
     ) -> None:
         if initial_cluster_state not in ("new", "existing"):
             raise ValueError(f"initial_cluster_state must be new or existing, "
@@ -133,6 +170,7 @@ class NodeProcess:
         self.advertise_client = advertise_client
         self.extra_args = list(extra_args)
         self.env = dict(env or {})
+        self.given_admin_token = admin_token
         self.command = list(command)
         self.log_path = Path(log_path) if log_path else self.data_dir.parent / f"{name}.log"
         self.proc: subprocess.Popen | None = None
@@ -169,6 +207,19 @@ class NodeProcess:
         return self._ssl_context
 
     @property
+    def own_admin_token(self) -> str | None:
+        """The ``--admin-token`` the test gave in ``extra_args`` or ``env`` (None: none)."""
+        return (_flag_value(self.extra_args, "--admin-token")
+                or self.env.get("FLOTILLA_ADMIN_TOKEN"))
+
+    @property
+    def admin_token(self) -> str | None:
+        """The token this member's admin API takes: the one it is given, else the one it
+        generated in its data dir (None until it has started once)."""
+        return (self.own_admin_token or self.given_admin_token
+                or generated_admin_token(self.data_dir))
+
+    @property
     def argv(self) -> list[str]:
         args = [
             *self.command,
@@ -182,6 +233,8 @@ class NodeProcess:
             "--election-timeout-ms", str(self.election_timeout_ms),
             "--heartbeat-ms", str(self.heartbeat_ms),
         ]
+        if self.given_admin_token is not None and self.own_admin_token is None:
+            args += ["--admin-token", self.given_admin_token]
         if self.advertise_peer:
             args += ["--advertise-peer", self.advertise_peer]
         if self.advertise_client:
@@ -316,6 +369,12 @@ class NodeProcess:
             self._log.close()
             self._log = None
 
+    def __enter__(self) -> NodeProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def _signal_group(self, sig: signal.Signals) -> None:
         assert self.proc is not None
         # Only called while the process is unreaped, so its pid cannot have been reused.
@@ -343,8 +402,12 @@ class NodeProcess:
             return ""
         return "\n".join(text.splitlines()[-n:])
 
-    def client(self, timeout: float = 5.0) -> KVClient:
-        return KVClient(self.url, timeout=timeout, ssl_context=self.ssl_context)
+    def client(self, timeout: float = 5.0, *, with_token: bool = True) -> KVClient:
+        """A client of this member that carries its admin token (``with_token=False``: one
+        that sends no ``Authorization`` header of its own)."""
+        return KVClient(self.url, timeout=timeout,
+                        token=self.admin_token if with_token else None,
+                        ssl_context=self.ssl_context)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -363,6 +426,9 @@ class LocalCluster:
     ``TestCA`` under ``root/tls``) naming each member and the hosts it is dialled at (its own
     127.0.0.x, and 127.0.0.1 where the proxies listen); ``client_cert_auth=True`` also makes
     clients show a certificate of that CA. ``ssl_context`` is what clients dial with.
+
+    ``admin_token``: every member's ``--admin-token`` (default ``ADMIN_TOKEN``; None: none, each
+    member generates its own); ``client(name)`` carries the member's token.
     """
 
     def __init__(
@@ -381,6 +447,7 @@ class LocalCluster:
         start: bool = True,
         tls: bool = False,
         client_cert_auth: bool = False,
+        admin_token: str | None = ADMIN_TOKEN,
     ) -> None:
         self.root = Path(tmp_path)
         self.command = list(command)
@@ -398,6 +465,7 @@ class LocalCluster:
         self.cluster_id = cluster_id or f"test-{uuid.uuid4().hex[:8]}"
         self.extra_args = list(extra_args)
         self.env = dict(env or {})
+        self.given_admin_token = admin_token
         names = list(names) if names is not None else [f"n{i}" for i in range(size)]
         if len(names) != len(set(names)) or not names:
             raise ValueError(f"member names must be unique and not empty: {names}")
@@ -474,7 +542,7 @@ class LocalCluster:
             initial_cluster_state=state, cluster_id=self.cluster_id,
             election_timeout_ms=self.election_timeout_ms, heartbeat_ms=self.heartbeat_ms,
             extra_args=self.extra_args, env=self.env, log_path=self.root / f"{name}.log",
-            command=self.command, start=False, tls=tls)
+            command=self.command, start=False, tls=tls, admin_token=self.given_admin_token)
 
     def start(self) -> None:
         """Start every member that is not running (all of them, the first time)."""
@@ -544,8 +612,19 @@ class LocalCluster:
 
     # -- observation ----------------------------------------------------------------------
 
-    def client(self, name: str, timeout: float = 5.0) -> KVClient:
-        return KVClient(self.nodes[name].url, timeout=timeout, ssl_context=self.ssl_context)
+    @property
+    def admin_token(self) -> str | None:
+        """The admin token every member takes (None when they differ, as when each generated
+        its own: ask ``nodes[name].admin_token``)."""
+        tokens = {node.admin_token for node in self.nodes.values()}
+        return tokens.pop() if len(tokens) == 1 else None
+
+    def client(self, name: str, timeout: float = 5.0, *, with_token: bool = True) -> KVClient:
+        """A client of ``name`` that carries its admin token (``with_token=False``: one that
+        sends no ``Authorization`` header of its own)."""
+        return KVClient(self.nodes[name].url, timeout=timeout,
+                        token=self.nodes[name].admin_token if with_token else None,
+                        ssl_context=self.ssl_context)
 
     @property
     def urls(self) -> list[str]:

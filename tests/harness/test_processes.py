@@ -56,12 +56,51 @@ def test_node_command_line_is_the_contract_one(tmp_path):
         "--cluster-id", "c-42",
         "--election-timeout-ms", "500",
         "--heartbeat-ms", "50",
+        "--admin-token", processes.ADMIN_TOKEN,
         "--fsync", "false",
     ]
     assert node.url == "http://127.0.0.1:8001"
     assert node.peer_url == "http://127.0.0.1:7001"
     assert node.log_path == tmp_path / "n1" / "n1.log"  # beside the data dir, not in it
     assert node.returncode is None and not node.running
+
+
+def test_every_member_gets_an_admin_token_its_clients_carry(tmp_path):
+    node = NodeProcess("n1", tmp_path / "n1" / "data", "127.0.0.1:7001", "127.0.0.1:8001",
+                       start=False)
+    assert flag(node.argv, "--admin-token") == processes.ADMIN_TOKEN
+    assert len(processes.ADMIN_TOKEN.encode()) >= 16
+    assert node.admin_token == processes.ADMIN_TOKEN
+    assert node.client().token == processes.ADMIN_TOKEN
+    own = NodeProcess("n2", tmp_path / "n2" / "data", "127.0.0.1:7002", "127.0.0.1:8002",
+                      extra_args=["--admin-token", "a-token-of-the-test-itself"], start=False)
+    assert own.argv.count("--admin-token") == 1
+    assert flag(own.argv, "--admin-token") == "a-token-of-the-test-itself"
+    assert own.client().token == "a-token-of-the-test-itself"
+    from_env = NodeProcess("n3", tmp_path / "n3" / "data", "127.0.0.1:7003", "127.0.0.1:8003",
+                           env={"FLOTILLA_ADMIN_TOKEN": "a-token-in-the-environment"},
+                           start=False)
+    assert "--admin-token" not in from_env.argv
+    assert from_env.admin_token == "a-token-in-the-environment"
+
+
+def test_a_member_without_a_token_is_reached_with_the_one_it_generated(tmp_path):
+    node = NodeProcess("n1", tmp_path / "n1" / "data", "127.0.0.1:7001", "127.0.0.1:8001",
+                       admin_token=None, start=False)
+    assert "--admin-token" not in node.argv
+    assert node.admin_token is None  # not started yet: nothing generated
+    node.data_dir.mkdir(parents=True)
+    (node.data_dir / "admin-token").write_text("generated-by-the-member-0123\n")
+    assert node.admin_token == "generated-by-the-member-0123"
+    assert node.client().token == "generated-by-the-member-0123"
+    cluster = LocalCluster(tmp_path / "c", 2, start=False, admin_token=None)
+    assert not any("--admin-token" in n.argv for n in cluster.nodes.values())
+    for i, n in enumerate(cluster.nodes.values()):
+        n.data_dir.mkdir(parents=True)
+        (n.data_dir / "admin-token").write_text(f"generated-by-member-{i}-0123456\n")
+    assert cluster.admin_token is None  # one per member
+    assert cluster.client("n1").token == "generated-by-member-1-0123456"
+    assert LocalCluster(tmp_path / "d", 2, start=False).admin_token == processes.ADMIN_TOKEN
 
 
 def test_node_defaults_and_advertise_flags(tmp_path):

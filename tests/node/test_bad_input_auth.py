@@ -53,7 +53,7 @@ def status(cluster):
 def test_admin_endpoints_without_the_token_are_401(cluster, canary, method, path, body,
                                                    headers, says):
     before = status(cluster)
-    with cluster.client("n0") as c:
+    with cluster.client("n0", with_token=False) as c:
         resp = c.request(method, path, body, headers=headers)
     assert_error(resp, 401, "unauthorized", [says, "--admin-token"])
     assert resp.headers.get("WWW-Authenticate", "").startswith("Bearer")
@@ -66,7 +66,7 @@ def test_admin_endpoints_without_the_token_are_401(cluster, canary, method, path
 @pytest.mark.parametrize("method,path", [("POST", "/v1/members"), ("PUT", "/v1/config"),
                                          ("POST", "/v1/leader")])
 def test_the_token_is_checked_before_the_body(cluster, canary, method, path):
-    with cluster.client("n0") as c:
+    with cluster.client("n0", with_token=False) as c:
         assert_error(c.request(method, path, b"{not json"), 401, "unauthorized")
         resp = c.request(method, path, b"{not json",
                          headers={"Authorization": f"Bearer {TOKEN}"})
@@ -77,7 +77,7 @@ def test_the_token_is_checked_before_the_body(cluster, canary, method, path):
 @pytest.mark.parametrize("scheme", ["Bearer", "bearer", "BEARER"])
 def test_admin_endpoints_with_the_token_work(cluster, canary, scheme):
     auth = {"Authorization": f"{scheme} {TOKEN}"}
-    with cluster.client("n0", timeout=20) as c:
+    with cluster.client("n0", timeout=20, with_token=False) as c:
         resp = c.request("POST", "/v1/snapshot", headers=auth)
         assert resp.status == 200, resp.body
         assert {"index", "term", "bytes", "location"} <= set(resp.json())
@@ -95,7 +95,7 @@ def test_admin_endpoints_with_the_token_work(cluster, canary, scheme):
 
 @pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer nope"}])
 def test_the_key_value_api_and_read_only_endpoints_need_no_token(cluster, canary, headers):
-    with cluster.client("n0") as c:
+    with cluster.client("n0", with_token=False) as c:
         assert c.request("PUT", "/v1/kv/open", b"v", headers=headers).status == 200
         assert c.request("GET", "/v1/kv/open", headers=headers).body == b"v"
         assert c.request("GET", "/v1/kv", query={"prefix": "op"}, headers=headers

@@ -58,6 +58,12 @@ BASE = ["--listen-peer", "127.0.0.1:1", "--listen-client", "127.0.0.1:2"]
          "--quota-free-bytes: '64MB': sizes are in powers of 1024, write KiB, MiB or GiB"),
         (["--name", "n1", "--data-dir", "/tmp/x", *BASE, "--quota-free-bytes", "-1"],
          "--quota-free-bytes: '-1' is not a size"),
+        (["--name", "n1", "--data-dir", "/tmp/x", *BASE, "--admin-token", "fifteen-bytes!!"],
+         "--admin-token must be at least 16 bytes long"),
+        (["--name", "n1", "--data-dir", "/tmp/x", *BASE, "--admin-token", "\u00e9" * 7],
+         "--admin-token must be at least 16 bytes long"),  # 7 characters, 14 bytes
+        (["--name", "n1", "--data-dir", "/tmp/x", *BASE, "--admin-token", ""],
+         "--admin-token must be at least 16 bytes long"),
     ],
 )
 def test_bad_flags_exit_2_with_one_line_reason(args, says):
@@ -92,6 +98,16 @@ def test_an_address_of_another_host_exits_2_with_one_line(tmp_path):
     assert result.stderr.splitlines() == [
         "flotilla node: cannot listen: 192.0.2.1:2379 (--listen-client): cannot assign "
         "requested address"]
+
+
+def test_a_token_of_16_bytes_is_taken_and_a_shorter_one_from_the_environment_is_not(tmp_path):
+    from flotilla.node import config
+
+    base = ["--name", "n1", "--data-dir", str(tmp_path), *BASE]
+    assert config.parse([*base, "--admin-token", "x" * 16], env={}).admin_token == "x" * 16
+    assert config.parse(base, env={}).admin_token is None  # the member generates one
+    with pytest.raises(config.UsageError, match="at least 16 bytes"):
+        config.parse(base, env={"FLOTILLA_ADMIN_TOKEN": "x" * 15})
 
 
 def test_environment_supplies_flags_and_a_flag_beats_it(tmp_path):
