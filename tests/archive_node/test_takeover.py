@@ -119,7 +119,7 @@ def test_a_leader_ships_nothing_onto_an_archive_that_is_not_its_history(
     with Writer([node.url]) as writer:
         for n in range(10):
             writer.put(f"tk/after{n}", "x")
-    with KVClient(node.url, timeout=30) as client:
+    with node.client(timeout=30) as client:
         asked = client.request("POST", "/v1/snapshot")
     assert asked.status == 503, (asked.status, asked.body[:300])
     assert said in asked.json()["error"]

@@ -37,7 +37,7 @@ def test_a_live_clusters_archive_is_compacted_while_it_archives_and_restores_exa
     writers = ConcurrentWriters(urls, keys, threads=3, delete_ratio=0.3, seed=1).start()
     try:
         wait_for(lambda: writers.count() >= 150, 60, "150 acknowledged writes")
-        post_snapshot(cluster.nodes[leader].url)
+        post_snapshot(cluster.nodes[leader])
         wait_for(lambda: writers.count() >= 250, 60, "250 acknowledged writes")
         archived = wait_archived(cluster, leader, max(w.index for w in writers.writes))
         assert archived["error"] is None, archived

@@ -447,7 +447,7 @@ def test_a_real_cluster_s_writes_come_out_as_its_client_made_them(local_cluster,
         random_writes(writer, keys, 60, rng, delete_ratio=0.3, tag="a")
         wait_archived(cluster, cluster.wait_leader(), writer.writes[-1].index)
         first = export(spark, ref, dest)
-        post_snapshot(cluster.nodes[cluster.wait_leader()].url)
+        post_snapshot(cluster.nodes[cluster.wait_leader()])
         random_writes(writer, keys, 60, rng, delete_ratio=0.3, tag="b")
         wait_archived(cluster, cluster.wait_leader(), writer.writes[-1].index)
         second = export(spark, ref, dest)

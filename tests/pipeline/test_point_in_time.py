@@ -62,7 +62,7 @@ def test_a_cluster_comes_back_as_it_was_at_an_index_and_at_a_time(local_cluster,
             boundaries.append((now_ms(), len(writer.writes)))
             time.sleep(0.03)  # the next phase's entries are stamped strictly later
             if phase == "b":
-                post_snapshot(old.nodes[old.wait_leader()].url)
+                post_snapshot(old.nodes[old.wait_leader()])
         writes = list(writer.writes)
     assert [w.index for w in writes] == sorted({w.index for w in writes})
     archived = wait_archived(old, old.wait_leader(), writes[-1].index)
