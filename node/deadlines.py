@@ -1,21 +1,24 @@
 """Read deadlines on both ports: no connection holds a member's resources for long without
-sending what it owes.
+sending what it owes. All of them live in the connection's protocol handler, so no request
+pays for them in its handler (no timer, no extra await on the hot path):
 
 - A request's line and headers must be complete within HEADER_TIMEOUT of its first byte.
+- A request body must keep coming: a connection whose body has sent nothing for BODY_TIMEOUT
+  is closed (a long body, such as a streamed snapshot, may take as long as it keeps moving;
+  while the member itself has paused reading, the client is not to blame and nothing is
+  counted).
 - A connection with no request under way is closed after IDLE_TIMEOUT (aiohttp's keep-alive
   timer, which also covers a connection that never sends a byte).
-- A request body must arrive within BODY_TIMEOUT (`read_body`); a streamed snapshot may take
-  longer but no chunk may be BODY_TIMEOUT late (`chunks_within`).
 A WebSocket stream, once open, is kept alive by its pings instead (see transport).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 from aiohttp import web
+from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
 
 HEADER_TIMEOUT = 10.0
@@ -26,46 +29,68 @@ BODY_TIMEOUT = 15.0
 LINGER = 2.0
 
 
-class BodyTimeout(Exception):
-    """A request body did not arrive in time."""
-
-
 class _DeadlineHandler(RequestHandler):
-    """aiohttp's request handler with a deadline on a request's headers."""
+    """aiohttp's request handler with deadlines on a request's headers and on its body."""
 
-    __slots__ = ("_header_timer",)
+    __slots__ = ("_body", "_body_seen", "_timer")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._header_timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._body: StreamReader | None = None  # the body still arriving, if any
+        self._body_seen = 0.0  # loop time of its latest bytes
 
     def data_received(self, data: bytes) -> None:
         waiting = self._waiter is not None and not self._waiter.done()  # no request under way
         before = self._request_count
         super().data_received(data)
-        if self._request_count != before:
-            self._stop_header_timer()
-        elif waiting and self._header_timer is None:
-            self._header_timer = self._loop.call_later(HEADER_TIMEOUT, self._headers_late,
-                                                       before)
+        if self._body is not None:
+            if not self._body.is_eof():
+                self._body_seen = self._loop.time()
+                return
+            self._stop()
+        if self._request_count != before:  # a request's headers are complete
+            self._stop()
+            body = self._messages[-1][1] if self._messages else None
+            if body is not None and not body.is_eof():
+                self._body, self._body_seen = body, self._loop.time()
+                self._timer = self._loop.call_later(BODY_TIMEOUT, self._body_late)
+        elif waiting and self._timer is None:
+            self._timer = self._loop.call_later(HEADER_TIMEOUT, self._headers_late, before)
 
     def _headers_late(self, count: int) -> None:
-        self._header_timer = None
+        self._timer = None
         if self._request_count == count and self.transport is not None:
             self.force_close()
 
-    def _stop_header_timer(self) -> None:
-        if self._header_timer is not None:
-            self._header_timer.cancel()
-            self._header_timer = None
+    def _body_late(self) -> None:
+        self._timer = None
+        body = self._body
+        if body is None or body.is_eof() or self.transport is None:
+            self._body = None
+            return
+        left = self._body_seen + BODY_TIMEOUT - self._loop.time()
+        if self._reading_paused:  # our handler is behind, not the client
+            self._body_seen, left = self._loop.time(), BODY_TIMEOUT
+        if left > 0:
+            self._timer = self._loop.call_later(left, self._body_late)
+            return
+        self._body = None
+        self.force_close()
+
+    def _stop(self) -> None:
+        self._body = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def connection_lost(self, exc: BaseException | None) -> None:
-        self._stop_header_timer()
+        self._stop()
         super().connection_lost(exc)
 
 
 class DeadlineSite(web.TCPSite):
-    """A TCP site whose connections get HEADER_TIMEOUT and IDLE_TIMEOUT."""
+    """A TCP site whose connections get HEADER_TIMEOUT, BODY_TIMEOUT and IDLE_TIMEOUT."""
 
     async def start(self) -> None:
         await web.BaseSite.start(self)
@@ -81,26 +106,3 @@ class DeadlineSite(web.TCPSite):
         self._server = await loop.create_server(
             handler, self._host, self._port, ssl=self._ssl_context, backlog=self._backlog,
             reuse_address=self._reuse_address, reuse_port=self._reuse_port)
-
-
-async def read_body(request: web.BaseRequest) -> bytes:
-    """The request's body (kept: `request.read()` returns it again), or BodyTimeout."""
-    try:
-        async with asyncio.timeout(BODY_TIMEOUT):
-            return await request.read()
-    except TimeoutError:
-        raise BodyTimeout(f"the request body did not arrive within {BODY_TIMEOUT:g} s") from None
-
-
-async def chunks_within(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """`chunks`, each due within BODY_TIMEOUT of the one before, else BodyTimeout."""
-    iterator = aiter(chunks)
-    while True:
-        try:
-            async with asyncio.timeout(BODY_TIMEOUT):
-                chunk = await anext(iterator)
-        except StopAsyncIteration:
-            return
-        except TimeoutError:
-            raise BodyTimeout(f"the streamed body stalled for {BODY_TIMEOUT:g} s") from None
-        yield chunk

@@ -35,7 +35,6 @@ from flotilla.node.storage import DiskFullError
 from . import tls
 from .alarms import NoSpace
 from .config import MEMBER_NAME, NAME_RULE
-from .deadlines import BodyTimeout, chunks_within, read_body
 from .server import NodeServer, Overloaded, SnapshotRefused, Unavailable
 from .transport import (
     ADVERTISED,
@@ -179,18 +178,10 @@ def _log_refusal(sender: str, reason: str, message: str, *args: Any) -> None:
         log.warning(message, *args)
 
 
-def _too_slow(exc: BodyTimeout) -> web.Response:
-    refused = error(408, "request_timeout", f"{exc}; send it whole, promptly")
-    refused.force_close()
-    return refused
-
-
 @web.middleware
 async def _peer_errors(request: web.Request, handler) -> web.StreamResponse:
     try:
         return await handler(request)
-    except BodyTimeout as exc:
-        return _too_slow(exc)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -290,7 +281,7 @@ def peer_app(node: NodeServer) -> web.Application:
                          "limit is %d", declared, sender, limit)
             return error(413, "too_large", f"a peer batch may carry at most {limit} bytes, not "
                          f"{declared}")
-        body = await read_body(request)
+        body = await request.read()  # within the connection's body deadline (deadlines.py)
         try:
             batch = await _decode(body)
         except WireError as exc:
@@ -369,8 +360,7 @@ def peer_app(node: NodeServer) -> web.Application:
                              f"archive: {exc}; stream the snapshot instead")
             return web.Response(status=204)
         try:
-            await node.receive_snapshot(batch.messages[0],
-                                        chunks_within(request.content.iter_chunked(1 << 20)))
+            await node.receive_snapshot(batch.messages[0], request.content.iter_chunked(1 << 20))
         except SnapshotRefused as exc:
             _log_refusal(sender, "bad_snapshot", "refused a snapshot from %s: %s", sender, exc)
             return error(400, "bad_snapshot", str(exc))
@@ -467,11 +457,7 @@ class ClientAPI:
         if declared is not None and declared > self.node.cfg.max_value_bytes:
             return self._too_large(request, declared)  # before reading a byte of it
         try:
-            if request.body_exists:
-                await read_body(request)  # within its deadline; handlers read it again
             return await handler(request)
-        except BodyTimeout as exc:
-            return _too_slow(exc)
         except web.HTTPRequestEntityTooLarge:
             return self._too_large(request, None)
         except web.HTTPException as exc:
