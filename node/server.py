@@ -16,6 +16,8 @@ import logging
 import random
 import secrets
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -99,6 +101,37 @@ def _restored_machine(payload) -> KVStateMachine:
     sm = KVStateMachine()
     sm.restore(payload)
     return sm
+
+
+def _checked_machine(open_payload: Callable[[], AbstractContextManager],
+                     what: str) -> KVStateMachine:
+    """A fresh machine restored from the payload `open_payload()` gives (call it in a worker
+    thread: it reads the whole file): a snapshot that came from elsewhere is checked this way
+    before it replaces anything. SnapshotRefused when it does not restore (whatever a
+    malformed payload makes the machine raise)."""
+    try:
+        with open_payload() as payload:
+            return _restored_machine(payload)
+    except Exception as exc:
+        raise SnapshotRefused(f"{what} does not restore: {exc.__class__.__name__}: "
+                              f"{str(exc)[:200]}") from None
+
+
+async def _wait_until(done: Callable[[], bool], event: asyncio.Event, timeout: float) -> bool:
+    """Wait until `done()`, looking again each time `event` is set, for at most `timeout` s.
+    Returns `done()`."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        event.clear()
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return done()
+        try:
+            async with asyncio.timeout(left):
+                await event.wait()
+        except TimeoutError:
+            return done()
+    return True
 
 
 #: How long a requested snapshot waits for one being written before it is turned away.
@@ -656,16 +689,9 @@ class NodeServer:
         A request that finds another snapshot being written waits for it (for at most
         SNAPSHOT_WAIT s, else RuntimeError) and then returns it, or writes a newer one
         (`claimed`: the caller already set the flag for this one)."""
-        if not claimed:
-            deadline = time.monotonic() + SNAPSHOT_WAIT
-            while self._snapshotting:
-                self._snapshot_idle.clear()
-                left = deadline - time.monotonic()
-                try:
-                    async with asyncio.timeout(max(0.0, left)):
-                        await self._snapshot_idle.wait()
-                except TimeoutError:
-                    raise RuntimeError("a snapshot is already being written") from None
+        if not claimed and not await _wait_until(lambda: not self._snapshotting,
+                                                 self._snapshot_idle, SNAPSHOT_WAIT):
+            raise RuntimeError("a snapshot is already being written")
         self._snapshotting = True
         try:
             index = self.applied
@@ -750,16 +776,13 @@ class NodeServer:
         except (StorageError, RuntimeError) as exc:
             raise ArchiveError(f"cannot use archived snapshot {key}: {exc}") from exc
 
-        def restored() -> KVStateMachine:
-            with self.snapshots.open_payload(stored.path) as payload:
-                return _restored_machine(payload)
-
         try:  # restored into a fresh machine before anything relies on it
-            machine = await asyncio.to_thread(restored)
-        except Exception as exc:  # anything a malformed payload makes the machine raise
+            machine = await asyncio.to_thread(
+                _checked_machine, lambda: self.snapshots.open_payload(stored.path),
+                f"archived snapshot {key}")
+        except SnapshotRefused as exc:
             stored.path.unlink(missing_ok=True)
-            raise ArchiveError(f"archived snapshot {key} does not restore: "
-                               f"{exc.__class__.__name__}: {str(exc)[:200]}") from None
+            raise ArchiveError(str(exc)) from None
         self._verified_machine = (stored.path, machine)
         self._snapshot = stored
         self._snapshot_bytes = stored.path.stat().st_size
@@ -776,16 +799,6 @@ class NodeServer:
             self.metrics.snapshots_sent += 1
         self._wakeup.set()
 
-    @staticmethod
-    def _verify_received(writer) -> KVStateMachine:
-        try:
-            with writer.written_payload() as payload:
-                return _restored_machine(payload)
-        except Exception as exc:  # anything a malformed payload makes the machine raise
-            raise SnapshotRefused(f"snapshot {writer.meta.index} (term {writer.meta.term}) "
-                                  f"does not restore: {exc.__class__.__name__}: "
-                                  f"{str(exc)[:200]}") from None
-
     async def receive_snapshot(self, m: Message, chunks) -> None:
         """A leader streams us a snapshot: store it durably, then step the message."""
         meta = m.snapshot.meta
@@ -795,7 +808,9 @@ class NodeServer:
                 await asyncio.to_thread(writer.write, chunk)
             # Restored into a fresh machine before it replaces anything: a snapshot that does
             # not restore is refused, and this member keeps running on what it had.
-            machine = await asyncio.to_thread(self._verify_received, writer)
+            machine = await asyncio.to_thread(
+                _checked_machine, writer.written_payload,
+                f"snapshot {meta.index} (term {meta.term})")
             path = await asyncio.to_thread(writer.commit)
         except BaseException:
             writer.abort()
@@ -912,18 +927,9 @@ class NodeServer:
 
     async def wait_leader_client_url(self, timeout: float) -> str | None:
         """The leader's client URL, once the configuration gives it (within `timeout`)."""
-        deadline = time.monotonic() + timeout
-        while (url := self.leader_client_url()) is None and not self._stopping:
-            self._client_urls_learned.clear()
-            left = deadline - time.monotonic()
-            if left <= 0 or self.core.leader is None:
-                return None
-            try:
-                async with asyncio.timeout(left):
-                    await self._client_urls_learned.wait()
-            except TimeoutError:
-                return self.leader_client_url()
-        return url
+        await _wait_until(lambda: self.leader_client_url() is not None or self._stopping
+                          or self.core.leader is None, self._client_urls_learned, timeout)
+        return self.leader_client_url()
 
     def leader_client_url(self) -> str | None:
         leader = self.core.leader
