@@ -1,7 +1,8 @@
 """The Python client of a Flotilla cluster: key-value and admin calls over the HTTP API.
 
 Only the standard library is used (``http.client``, one keep-alive connection per member with
-TCP_NODELAY), so scripts can use it without aiohttp.
+TCP_NODELAY), so scripts can use it without aiohttp; ``https://`` endpoints take their TLS
+context from ``flotilla.node.tls``, the one the members dial each other with.
 
 What a call does for you (CONTRACT.md, "Client API"):
 
@@ -286,6 +287,16 @@ def _tls_failure(url: str, exc: ssl.SSLError) -> TLSFailure | None:
     return None
 
 
+def _tls_context(ca_file: str | None = None, cert_file: str | None = None,
+                 key_file: str | None = None) -> ssl.SSLContext:
+    """The context https:// members are dialled with (`flotilla.node.tls.client_context`:
+    verified against `ca_file`, else the system's CAs; `cert_file` shown when the members ask
+    for a certificate). Imported here, so that plain http:// clients never load it."""
+    from flotilla.node.tls import client_context
+
+    return client_context(ca_file, cert_file, key_file)
+
+
 def _handshake(host: str, port: int, timeout: float, *, tls12: bool = False) -> str:
     """How a TLS handshake without a client certificate (and without checking who answers:
     this only explains a failure) ends at host:port: ``ok``; ``eof`` (the server closed the
@@ -308,17 +319,6 @@ def _handshake(host: str, port: int, timeout: float, *, tls12: bool = False) -> 
         return exc.reason if "_ALERT_" in (exc.reason or "") else "not_tls"
     except OSError:
         return "no_answer"
-
-
-def tls_context(ca_file: str | None = None, cert_file: str | None = None,
-                key_file: str | None = None) -> ssl.SSLContext:
-    """The context a client dials https:// members with: it verifies them against `ca_file`
-    (else the system's CAs) and shows `cert_file` when the members ask for a certificate
-    (`--client-cert-auth`)."""
-    ctx = ssl.create_default_context(cafile=ca_file)
-    if cert_file:
-        ctx.load_cert_chain(cert_file, key_file or cert_file)
-    return ctx
 
 
 # --- the client -----------------------------------------------------------------------------
@@ -379,7 +379,7 @@ class Client:
         self.stop_when_refused = stop_when_refused
         self._ssl_context = ssl_context
         if ssl_context is None and (ca_file or cert_file):
-            self._ssl_context = tls_context(ca_file, cert_file, key_file)
+            self._ssl_context = _tls_context(ca_file, cert_file, key_file)
         self._seq = first_seq - 1
         self._leader_url: str | None = None
         # Where calls go while it answers: the leader once known; else, for a short while, a
@@ -755,7 +755,7 @@ class Client:
             parts = urlsplit(url)
             if parts.scheme == "https":
                 if self._ssl_context is None:
-                    self._ssl_context = tls_context()
+                    self._ssl_context = _tls_context()
                 conn = _NoDelayTLSConnection(parts.hostname, parts.port, timeout=timeout,
                                              context=self._ssl_context)
             else:

@@ -49,7 +49,7 @@ from flotilla.node.storage import (
     read_admission,
     write_admission,
 )
-from flotilla.node.storage.fsutil import make_private
+from flotilla.node.storage.fsutil import make_private, write_atomic
 from flotilla.node.storage.space import disk_full
 
 from . import restore
@@ -57,7 +57,7 @@ from .alarms import CHECK_INTERVAL, SpaceAlarm
 from .archiver import NODE_ARCHIVE_SETTINGS, Archiver
 from .config import MIN_TOKEN_BYTES, NodeConfig
 from .metrics import Metrics
-from .tls import NodeContexts, write_private
+from .tls import NodeContexts
 from .transport import (
     CONFIGURED,
     MEMBERSHIP,
@@ -158,7 +158,7 @@ def admin_token_in(path: Path) -> str:
                            f"{MIN_TOKEN_BYTES}: remove the file (a new token is generated "
                            "there) or give --admin-token")
     token = secrets.token_urlsafe(32)
-    write_private(path, (token + "\n").encode())
+    write_atomic(path, (token + "\n").encode())  # 0600
     return token
 
 

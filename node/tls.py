@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
-import os
 import ssl
+import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +22,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from flotilla.node.storage.fsutil import write_atomic
 
 #: Certificates `issue` makes live this long unless told otherwise; the operator renews them
 #: when a third of that is left.
@@ -50,17 +51,26 @@ def server_context(cert_file: str, key_file: str, trusted_ca_file: str | None = 
 
 
 def client_context(trusted_ca_file: str | None = None, cert_file: str | None = None,
-                   key_file: str | None = None) -> ssl.SSLContext:
+                   key_file: str | None = None, *, trusted_ca_pem: bytes | None = None,
+                   cert: Issued | None = None) -> ssl.SSLContext:
     """The context a member or a client dials with: it verifies the server against
-    `trusted_ca_file` (else the system's CAs) and the host name it dials, and presents
-    `cert_file` when given (mutual TLS)."""
+    `trusted_ca_file` (or the PEM `trusted_ca_pem`; else the system's CAs) and the host name it
+    dials, and presents `cert_file` (or the in-memory `cert`) when given (mutual TLS)."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    if trusted_ca_file:
+    if trusted_ca_pem:
+        ctx.load_verify_locations(cadata=trusted_ca_pem.decode())
+    elif trusted_ca_file:
         _load_ca(ctx, trusted_ca_file)
     else:
         ctx.load_default_certs()
-    if cert_file:
+    if cert is not None:
+        # load_cert_chain reads files only: a private directory, gone right after.
+        with tempfile.TemporaryDirectory(prefix="flotilla-tls-") as folder:
+            cert_path, key_path = Path(folder) / "tls.crt", Path(folder) / "tls.key"
+            cert.write(cert_path, key_path)
+            _load_chain(ctx, str(cert_path), str(key_path))
+    elif cert_file:
         _load_chain(ctx, cert_file, key_file or cert_file)
     return ctx
 
@@ -117,17 +127,9 @@ class Issued:
         return self.certificate.not_valid_after_utc
 
     def write(self, cert_path: Path, key_path: Path) -> None:
-        write_private(cert_path, self.cert_pem)
-        write_private(key_path, self.key_pem)
-
-
-def write_private(path: Path, data: bytes) -> None:
-    """Write `data` to `path` readable by its owner only (0600), replacing it whole."""
-    temp = path.with_name(path.name + ".tmp")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(temp, path)
+        """Both files, readable by their owner only (0600), each replaced whole."""
+        write_atomic(cert_path, self.cert_pem)
+        write_atomic(key_path, self.key_pem)
 
 
 def _key() -> ec.EllipticCurvePrivateKey:

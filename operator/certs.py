@@ -41,6 +41,7 @@ __all__ = [
     "issue_member",
     "new_ca",
     "read",
+    "rfc3339",
     "tls_secret",
 ]
 
@@ -114,7 +115,7 @@ def due(info: CertInfo | None, names: Sequence[str], ca_pem: bytes,
     if info is None:
         return "it has no readable certificate"
     if now >= info.renew_at:
-        return (f"it expires at {_rfc3339(info.not_after)} and a third of its lifetime is "
+        return (f"it expires at {rfc3339(info.not_after)} and a third of its lifetime is "
                 "left")
     missing = sorted(set(names) - info.names)
     if missing:
@@ -277,5 +278,5 @@ def _go_duration(total: int) -> str:
     return f"{total}s"
 
 
-def _rfc3339(when: datetime.datetime) -> str:
+def rfc3339(when: datetime.datetime) -> str:
     return when.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -18,7 +18,6 @@ import datetime
 import os
 import secrets
 import ssl
-import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -27,6 +26,7 @@ from typing import Any
 
 from flotilla.node.config import MIN_TOKEN_BYTES
 from flotilla.node.tls import Issued
+from flotilla.node.tls import client_context as node_client_context
 
 from . import certs
 from .jobs import foreign
@@ -204,11 +204,11 @@ def _signed_here(kube: Kube, spec: ClusterSpec, members: Sequence[str],
     state.trust = trust
     ca_info = certs.read(ca.cert_pem)
     assert ca_info is not None
-    state.status["caNotAfter"] = _rfc3339(ca_info.not_after)
+    state.status["caNotAfter"] = certs.rfc3339(ca_info.not_after)
     if now >= ca_info.renew_at:
         state.events.append(("Warning", "CAExpiring", f"the CA in Secret {name} expires at "
-                             f"{_rfc3339(ca_info.not_after)}; the operator does not rotate CAs: "
-                             "see docs/operator.md (TLS)"))
+                             f"{certs.rfc3339(ca_info.not_after)}; the operator does not "
+                             "rotate CAs: see docs/operator.md (TLS)"))
     wanted = [(spec.member_tls_secret(m), m, spec.member_dns_names(m)) for m in members]
     if spec.tls.client_cert_auth:
         wanted.append((spec.client_tls_secret, None, [certs.CLIENT_COMMON_NAME]))
@@ -229,7 +229,7 @@ def _signed_here(kube: Kube, spec: ClusterSpec, members: Sequence[str],
                 whose = f"member {member}'s" if member else "the operator's client"
                 state.events.append(("Normal", "Created", f"Secret {secret_name} ({whose} "
                                      f"certificate, valid until "
-                                     f"{_rfc3339(issued.not_after())})"))
+                                     f"{certs.rfc3339(issued.not_after())})"))
             else:
                 meta = {k: body["metadata"][k] for k in ("labels", "annotations",
                                                           "ownerReferences")}
@@ -237,7 +237,7 @@ def _signed_here(kube: Kube, spec: ClusterSpec, members: Sequence[str],
                            {"metadata": meta, "data": body["data"]})
                 state.events.append(("Normal", "CertificateRenewed", f"Secret {secret_name}: "
                                      f"{why}; the new one is valid until "
-                                     f"{_rfc3339(issued.not_after())}"))
+                                     f"{certs.rfc3339(issued.not_after())}"))
             data = {certs.TLS_CRT: issued.cert_pem, certs.TLS_KEY: issued.key_pem}
             info = certs.read(issued.cert_pem)
         _record(state, secret_name, member, data, info, listed)
@@ -271,8 +271,8 @@ def _record(state: TlsState, secret_name: str, member: str | None,
             listed: list[dict[str, Any]]) -> None:
     if info is None:
         return
-    listed.append({"secret": secret_name, "notAfter": _rfc3339(info.not_after),
-                   "renewAt": _rfc3339(info.renew_at)})
+    listed.append({"secret": secret_name, "notAfter": certs.rfc3339(info.not_after),
+                   "renewAt": certs.rfc3339(info.renew_at)})
     if member is None:
         if data.get(certs.TLS_KEY):
             state.client_cert = (data[certs.TLS_CRT], data[certs.TLS_KEY])
@@ -322,26 +322,12 @@ def client_context(trust: bytes, client_cert: tuple[bytes, bytes] | None = None
         found = _contexts.get(key)
         if found is not None:
             return found
-        ctx = ssl.create_default_context(cadata=trust.decode())
-        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-        if client_cert is not None:
-            # load_cert_chain reads files only: a private directory, gone right after.
-            with tempfile.TemporaryDirectory(prefix="flotilla-client-") as folder:
-                cert_path = os.path.join(folder, "tls.crt")
-                key_path = os.path.join(folder, "tls.key")
-                for path, data in ((cert_path, client_cert[0]), (key_path, client_cert[1])):
-                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-                    with os.fdopen(fd, "wb") as f:
-                        f.write(data)
-                ctx.load_cert_chain(cert_path, key_path)
+        ctx = node_client_context(trusted_ca_pem=trust,
+                                  cert=Issued(*client_cert) if client_cert else None)
         if len(_contexts) > 64:  # certificates renewed many times over a long run
             _contexts.clear()
         _contexts[key] = ctx
         return ctx
-
-
-def _rfc3339(when: datetime.datetime) -> str:
-    return when.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def problem_from_api(exc: ApiError, kind: str) -> Problem | None:
