@@ -257,7 +257,7 @@ def peer_app(node: NodeServer) -> web.Application:
         the client URL a member reports of itself, to commit it to the configuration (as
         etcd's members publish their own attributes); without TLS, where anyone could speak
         in a member's name, only each leader's own client URL is committed."""
-        if not node.core.membership.members():
+        if not node.core.membership.voters:  # every configuration has a voter
             node.transport.learn(batch.sender, batch.peer_url, source=ADVERTISED)
         elif (authenticated  # the sender is who its certificate says: it speaks of itself
               and batch.client_url != client_urls.get(batch.sender)  # usually it is known

@@ -921,9 +921,9 @@ class NodeServer:
         if sender == self.name:
             return False
         membership = self.core.membership
-        if sender in membership.members() or sender in self.cfg.initial_cluster:
-            return True
-        return not membership.members()
+        return (not membership.voters  # no configuration yet: every configuration has a voter
+                or sender in membership.voters or sender in membership.learners
+                or sender in (membership.outgoing or ()) or sender in self.cfg.initial_cluster)
 
     async def wait_leader_client_url(self, timeout: float) -> str | None:
         """The leader's client URL, once the configuration gives it (within `timeout`)."""

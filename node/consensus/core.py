@@ -204,10 +204,7 @@ class RaftCore:
         voters, learners = frozenset(voters), frozenset(learners) - frozenset(voters)
         if not voters:
             raise InvalidMembership("a configuration needs at least one voter")
-        current = self.membership
-        pending = self.log.membership_index()
-        if current.joint or pending > self.log.committed:
-            raise MembershipChangeInProgress(pending)
+        current = self._settled_membership()
         if voters == current.voters and learners == current.learners:
             raise InvalidMembership("the configuration is already exactly that")
         merged = dict(current.addresses)
@@ -226,12 +223,11 @@ class RaftCore:
         self._check_can_propose()
         current = self.membership
         clients = dict(current.clients)
-        wanted = {n: u for n, u in urls.items() if n in current.members() or n == self.name}
+        members = current.members() | {self.name}
+        wanted = {n: u for n, u in urls.items() if n in members}
         if all(clients.get(n) == u for n, u in wanted.items()):
             return None
-        pending = self.log.membership_index()
-        if current.joint or pending > self.log.committed:
-            raise MembershipChangeInProgress(pending)
+        self._settled_membership()
         clients.update(wanted)
         return self._append_membership(current.with_addresses(current.addresses, clients))
 
@@ -778,6 +774,15 @@ class RaftCore:
         now = self.settings.wall_clock_ms()
         last = self.log.last_ts()
         return now if now > last else last
+
+    def _settled_membership(self) -> Membership:
+        """The configuration, when a new one may be appended: the previous change committed
+        and not joint. Else MembershipChangeInProgress (at most one change is in flight)."""
+        current = self.membership
+        pending = self.log.membership_index()
+        if current.joint or pending > self.log.committed:
+            raise MembershipChangeInProgress(pending)
+        return current
 
     def _append_membership(self, target: Membership) -> int:
         index = self.log.last_index() + 1
