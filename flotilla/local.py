@@ -45,6 +45,7 @@ from flotilla.progress import Bar, read_restore_progress
 __all__ = [
     "CA_CERT",
     "DEFAULT_DIR",
+    "SIGNING_KEY_FLAG",
     "STATE_FILE",
     "TLS_DIR",
     "TOKEN_FILE",
@@ -73,6 +74,8 @@ STATE_FILE = "cluster.json"
 #: The admin token `up` generates for a new cluster, mode 0600; members get it through their
 #: environment (never on a command line or in the state file) and every command sends it.
 TOKEN_FILE = "admin-token"
+#: Members of a cluster all sign and verify archive manifests with the same key files.
+SIGNING_KEY_FLAG = "--archive-signing-key-file"
 #: `up --tls`: the cluster's own CA and one certificate per member, under DIR/tls/.
 TLS_DIR = "tls"
 CA_CERT, CA_KEY = "ca.crt", "ca.key"
@@ -141,6 +144,10 @@ class Member:
     args: list[str]
     pid: int | None = None
     tls: bool = False  # TLS on both ports (`up --tls`): its URLs are https://
+
+    def flag(self, name: str) -> str | None:
+        """The value this member runs with for flag `name`, or None without it."""
+        return self.args[self.args.index(name) + 1] if name in self.args else None
 
     @property
     def scheme(self) -> str:
@@ -501,7 +508,7 @@ class LocalCluster:
                 issue_member_certificate(root, name)
                 args += tls_args(root, name)
             if signing_key_file:
-                args += ["--archive-signing-key-file", signing_key_file]
+                args += [SIGNING_KEY_FLAG, signing_key_file]
             if restore_from:  # only read on the first start, when the data dir is empty
                 args += ["--restore-from", restore_from]
                 if restore_cluster_id is not None:
@@ -539,15 +546,13 @@ class LocalCluster:
         it starts, so renew only members about to start. Returns the names renewed."""
         if not self.state.tls:
             return []
-        from cryptography import x509
+        from flotilla.node.tls import expires
 
         soon = datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=within_days)
         renewed = []
         for name in names:
             try:
-                cert = x509.load_pem_x509_certificate(
-                    (self.root / TLS_DIR / f"{name}.crt").read_bytes())
-                fresh = cert.not_valid_after_utc > soon
+                fresh = expires((self.root / TLS_DIR / f"{name}.crt").read_bytes()) > soon
             except (OSError, ValueError):
                 fresh = False
             if not fresh:
@@ -1033,11 +1038,10 @@ def _resume_notes(cluster: LocalCluster, replicas: int, election_timeout_ms: int
     if tls and not state.tls:
         say(f"note: {root} holds a cluster started without TLS; resuming it as it was "
             f"(plain http://); {anew}")
-    first = cluster.members[0].args
-    flag = "--archive-signing-key-file"
-    recorded = first[first.index(flag) + 1] if flag in first else None
+    recorded = cluster.members[0].flag(SIGNING_KEY_FLAG)
     if signing_key_file != recorded:
-        say(f"note: resuming with the original {flag} ({recorded or 'none'}); {anew}")
+        say(f"note: resuming with the original {SIGNING_KEY_FLAG} ({recorded or 'none'}); "
+            f"{anew}")
 
 
 def _forget(cluster: LocalCluster) -> None:

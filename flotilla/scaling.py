@@ -20,6 +20,7 @@ from pathlib import Path
 from flotilla.client import FlotillaError
 from flotilla.local import (
     HOST,
+    SIGNING_KEY_FLAG,
     LocalCluster,
     LocalClusterError,
     Member,
@@ -185,10 +186,9 @@ def _joining_member(cluster: LocalCluster, name: str, peer: int, client: int) ->
     ]
     if state.archive_passed and state.archive:
         args += ["--archive", state.archive]
-    first = state.members[0].args if state.members else []
-    flag = "--archive-signing-key-file"
-    if flag in first:  # it signs what it archives once it leads, as the others do
-        args += [flag, first[first.index(flag) + 1]]
+    key_files = state.members[0].flag(SIGNING_KEY_FLAG) if state.members else None
+    if key_files:  # it signs what it archives once it leads, as the others do
+        args += [SIGNING_KEY_FLAG, key_files]
     if state.tls:
         issue_member_certificate(cluster.root, name)
         args += tls_args(cluster.root, name)

@@ -112,6 +112,11 @@ def names(peercert: dict | None) -> frozenset[str]:
 # --- a small certificate authority -----------------------------------------------------------
 
 
+def expires(cert_pem: bytes) -> datetime.datetime:
+    """When the (first) PEM certificate in `cert_pem` expires, UTC. ValueError if unreadable."""
+    return x509.load_pem_x509_certificate(cert_pem).not_valid_after_utc
+
+
 @dataclass(frozen=True)
 class Issued:
     """A certificate and its private key, both PEM."""
@@ -124,7 +129,7 @@ class Issued:
         return x509.load_pem_x509_certificate(self.cert_pem)
 
     def not_after(self) -> datetime.datetime:
-        return self.certificate.not_valid_after_utc
+        return expires(self.cert_pem)
 
     def write(self, cert_path: Path, key_path: Path) -> None:
         """Both files, readable by their owner only (0600), each replaced whole."""
