@@ -390,8 +390,9 @@ def _archive_access(spec: ClusterSpec) -> list[str]:
         args += ["--s3-endpoint", archive.endpoint]
     if archive is not None and archive.region is not None:
         args += ["--s3-region", archive.region]
-    if signing_key_files(spec) is not None:
-        args += ["--archive-signing-key-file", str(signing_key_files(spec))]
+    key_files = signing_key_files(spec)
+    if key_files is not None:
+        args += ["--archive-signing-key-file", key_files]
     if archive is not None and archive.encryption is not None:
         args += ["--s3-sse", archive.encryption.type]
         if archive.encryption.kms_key_id is not None:
