@@ -28,7 +28,7 @@ from flotilla.node.consensus import (
     Role,
     TransferInProgress,
 )
-from flotilla.node.consensus.progress import caught_up
+from flotilla.node.consensus.membership import caught_up
 from flotilla.node.statemachine.kv import encode_delete, encode_put
 from flotilla.node.storage import DiskFullError
 
@@ -739,9 +739,7 @@ class ClientAPI:
             for other, url in m.addresses:
                 if url.rstrip("/") == peer_url.rstrip("/"):
                     return error(409, "peer_url_exists", f"{other} already uses {peer_url}")
-            pending = core.log.membership_index()
-            if m.joint or pending > core.log.committed:
-                raise MembershipChangeInProgress(pending)  # before learning any address
+            core.settled_membership()  # 409 before learning any address
             self.node.transport.learn(name, peer_url, client_url, source=MEMBERSHIP)
             index = await self.node.change_membership(
                 m.voters, m.learners | {name}, {name: peer_url},
@@ -759,9 +757,7 @@ class ClientAPI:
                                    "member names")
             core = self.node.core
             m = core.membership
-            pending = core.log.membership_index()
-            if m.joint or pending > core.log.committed:
-                raise MembershipChangeInProgress(pending)  # 409 comes before any 422
+            core.settled_membership()  # 409 comes before any 422
             target = set(voters)
             if target == m.voters:
                 return web.json_response({"config": m.describe()})  # PUT is idempotent
@@ -769,12 +765,10 @@ class ClientAPI:
                 if name not in m.learners:
                     return error(422, "not_a_learner", f"{name} is not a learner of this "
                                  "cluster: add it first (POST /v1/members) and let it catch up")
-                pr = core.progress.get(name)
-                committed = core.log.committed
-                if not caught_up(pr.match if pr is not None else None, committed):
+                match, committed = core.match_index(name), core.log.committed
+                if not caught_up(match, committed):
                     return error(422, "not_caught_up", f"learner {name} has not caught up yet "
-                                 f"(match {pr.match if pr else 0}, commit "
-                                 f"{committed}); retry when it has")
+                                 f"(match {match or 0}, commit {committed}); retry when it has")
             await self.node.change_membership(target, m.learners - target)
             await self._until_settled(frozenset(target))
             return web.json_response({"config": core.membership.describe()})

@@ -902,7 +902,9 @@ class NodeServer:
                 "term": log_.snapshot.term,
                 "bytes": self._snapshot_bytes,
             },
-            "config": membership.describe(),
+            # `index`: where this configuration is in the log; a change is still in flight
+            # while it is above commit_index (consensus/membership.py)
+            "config": {**membership.describe(), "index": log_.membership_index()},
             "members": members,
             "archive": (self.archiver.status() if self.archiver is not None else
                         {"url": None, "last_snapshot_index": None,

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
-from flotilla.node.consensus.progress import CATCH_UP_SLACK, caught_up
+from flotilla.node.consensus.membership import CATCH_UP_SLACK, caught_up, change_in_flight
 
 __all__ = [
     "CATCH_UP_SLACK",
@@ -197,8 +197,8 @@ def plan(obs: Observed) -> Plan:
     def done(step: Step, reason: str, phase: str, **kw: Any) -> Plan:
         return Plan(Action(step, reason, **kw), record, phase, degraded, leader, lead)
 
-    if config.get("joint"):
-        return done(Step.WAIT, "the leader is finishing a joint-consensus change", "Scaling")
+    if change_in_flight(bool(config.get("joint")), int(config.get("index") or 0), commit):
+        return done(Step.WAIT, "the leader is finishing a membership change", "Scaling")
 
     # 3. members whose data is gone or unusable leave the configuration first.
     for name in sorted(members):

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import quorum
+from .membership import change_in_flight
 from .progress import Progress, ProgressState
 from .raftlog import RaftLog
 from .types import (
@@ -204,7 +205,7 @@ class RaftCore:
         voters, learners = frozenset(voters), frozenset(learners) - frozenset(voters)
         if not voters:
             raise InvalidMembership("a configuration needs at least one voter")
-        current = self._settled_membership()
+        current = self.settled_membership()
         if voters == current.voters and learners == current.learners:
             raise InvalidMembership("the configuration is already exactly that")
         merged = dict(current.addresses)
@@ -227,7 +228,7 @@ class RaftCore:
         wanted = {n: u for n, u in urls.items() if n in members}
         if all(clients.get(n) == u for n, u in wanted.items()):
             return None
-        self._settled_membership()
+        self.settled_membership()
         clients.update(wanted)
         return self._append_membership(current.with_addresses(current.addresses, clients))
 
@@ -775,12 +776,18 @@ class RaftCore:
         last = self.log.last_ts()
         return now if now > last else last
 
-    def _settled_membership(self) -> Membership:
+    def match_index(self, name: str) -> int | None:
+        """How far `name`'s log is known to match this leader's; None when this member does
+        not lead or does not replicate to `name`."""
+        pr = self.progress.get(name) if self.role is Role.LEADER else None
+        return pr.match if pr is not None else None
+
+    def settled_membership(self) -> Membership:
         """The configuration, when a new one may be appended: the previous change committed
         and not joint. Else MembershipChangeInProgress (at most one change is in flight)."""
         current = self.membership
         pending = self.log.membership_index()
-        if current.joint or pending > self.log.committed:
+        if change_in_flight(current.joint, pending, self.log.committed):
             raise MembershipChangeInProgress(pending)
         return current
 

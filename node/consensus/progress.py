@@ -15,16 +15,6 @@ from __future__ import annotations
 from collections import deque
 from enum import IntEnum
 
-#: A learner may be promoted when it trails the commit index by at most this many entries
-#: (and by at most a tenth of the commit index, as etcd's 90% rule).
-CATCH_UP_SLACK = 1000
-
-
-def caught_up(match: int | None, commit: int) -> bool:
-    """Whether a learner whose log matches the leader's up to `match` may become a voter: the
-    rule PUT /v1/config enforces, and the one the operator's planner waits for."""
-    return match is not None and commit - match <= min(CATCH_UP_SLACK, commit // 10)
-
 
 class ProgressState(IntEnum):
     PROBE = 0
