@@ -33,7 +33,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 
 from flotilla.node.archive import (
     ArchiveDiverged,
@@ -44,11 +44,36 @@ from flotilla.node.archive import (
     ManifestNotAuthentic,
     SnapshotRecord,
 )
-from flotilla.node.consensus import Role
-from flotilla.node.storage import StorageError
+from flotilla.node.consensus import Entry
+from flotilla.node.storage import StorageError, StoredSnapshot
+
+from .status import ArchiveView
 
 if TYPE_CHECKING:
-    from .server import NodeServer
+    from .config import NodeConfig
+
+
+class ArchiveSource(Protocol):
+    """What the archiver reads of its member (node.Node): the core's facts, the log on disk
+    and the newest snapshot file."""
+
+    def is_leader(self) -> bool: ...
+
+    def term(self) -> int: ...
+
+    def commit_index(self) -> int: ...
+
+    def log_span(self) -> tuple[int, int]:
+        """The first and last index of the log in memory."""
+        ...
+
+    def term_at(self, index: int) -> int | None: ...
+
+    def stored_first_index(self) -> int: ...
+
+    def stored_entries(self, lo: int, hi: int) -> list[Entry]: ...
+
+    def latest_snapshot(self) -> StoredSnapshot | None: ...
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +84,7 @@ NODE_ARCHIVE_SETTINGS = ArchiveSettings(max_attempts=3, connect_timeout=2.0, rea
 
 
 class Archiver:
-    def __init__(self, node: NodeServer, cluster: ClusterArchive) -> None:
-        cfg = node.cfg
+    def __init__(self, node: ArchiveSource, cluster: ClusterArchive, cfg: NodeConfig) -> None:
         self.node = node
         self.cluster = cluster
         self.keep_snapshots = cfg.archive_keep_snapshots
@@ -106,7 +130,7 @@ class Archiver:
         """The highest index the log may forget: entries after it are not archived yet (or,
         while the archive is not this cluster's history, the entry that shows it). None when
         this member does not ship (it is not the leader)."""
-        if self.node.core.role is not Role.LEADER:
+        if not self.node.is_leader():
             return None
         if self._resumed_term is None:
             return None if self._diverged_at is None else self._diverged_at - 1
@@ -116,7 +140,7 @@ class Archiver:
         """Run a round now (POST /v1/snapshot) and return where snapshot (index, term) is
         archived, or None when this member does not ship (a follower). Raises ArchiveError
         when the archive cannot be reached."""
-        if self.node.core.role is not Role.LEADER:
+        if not self.node.is_leader():
             return None
         async with self._busy:
             await self._round()
@@ -132,7 +156,7 @@ class Archiver:
                 return record
         return None
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> ArchiveView:
         error = self.error
         started = self._round_started
         if error is None and started is not None:
@@ -140,12 +164,8 @@ class Archiver:
             if running > max(5.0, 2 * self.interval):
                 error = (f"an archiving round has been waiting on {self.cluster.url} for "
                          f"{running:.0f}s (slow or unreachable)")
-        return {
-            "url": self.cluster.url,
-            "last_snapshot_index": self.last_snapshot_index,
-            "last_archived_index": self.last_archived_index,
-            "error": error,
-        }
+        return ArchiveView(self.cluster.url, self.last_snapshot_index,
+                           self.last_archived_index, error)
 
     # --- the loop ------------------------------------------------------------------------
 
@@ -157,7 +177,7 @@ class Archiver:
                 async with asyncio.timeout(delay):
                     await self._wakeup.wait()
             self._wakeup.clear()
-            if self.node.core.role is not Role.LEADER:
+            if not self.node.is_leader():
                 self._resumed_term = None
                 continue
             try:
@@ -180,11 +200,11 @@ class Archiver:
 
     async def _round(self) -> None:
         node = self.node
-        term = node.core.term
+        term = node.term()
         self._round_started = time.monotonic()
         try:
             if self._resumed_term != term:
-                if node.core.log.term(node.core.log.committed) != term:
+                if node.term_at(node.commit_index()) != term:
                     # Not known to lead yet (a deposed leader may not have heard): its log
                     # is compared with the archive once it has committed in its own term.
                     return
@@ -198,7 +218,7 @@ class Archiver:
             # Uploads of an earlier round whose manifest could not be written: publish them
             # first (no I/O when nothing is pending), or they would block what follows.
             self._adopt(await asyncio.to_thread(self.cluster.publish))
-            if self.last_archived_index + 1 >= self.node.storage.first_index():
+            if self.last_archived_index + 1 >= self.node.stored_first_index():
                 # Entries first: a snapshot shipped before them would move the archive past
                 # entries it never got (restores to those indexes would be impossible).
                 await self._ship_entries()
@@ -220,19 +240,20 @@ class Archiver:
             return
         index = manifest.last_archived_index
         archived = await asyncio.to_thread(self.cluster.last_archived_term, manifest)
-        entries = self.node.core.log
-        start = entries.first_index() - 1  # the snapshot the log starts after
-        own = entries.term(index)
+        node = self.node
+        first, last = node.log_span()
+        start = first - 1  # the snapshot the log starts after
+        own = node.term_at(index)
         url = self.cluster.url
-        if index > entries.last_index():
+        if index > last:
             found = (f"{url} holds entries up to index {index} (term {archived}), beyond this "
-                     f"leader's log, which ends at index {entries.last_index()}")
+                     f"leader's log, which ends at index {last}")
         elif own is not None and own != archived:
             found = (f"the last archived entry of {url}, index {index}, has term {archived} in "
                      f"the archive but term {own} in this leader's log")
-        elif own is None and archived is not None and archived > entries.term(start):
+        elif own is None and archived is not None and archived > node.term_at(start):
             found = (f"the last archived entry of {url}, index {index}, has term {archived}, "
-                     f"later than the term {entries.term(start)} this leader's log holds after "
+                     f"later than the term {node.term_at(start)} this leader's log holds after "
                      f"it at index {start} (terms never decrease along a log)")
         else:
             self._diverged_at = None
@@ -249,11 +270,11 @@ class Archiver:
             "--archive elsewhere) and restart this member")
 
     async def _ship_snapshot(self) -> None:
-        stored = self.node._snapshot
+        stored = self.node.latest_snapshot()
         if stored is None or stored.meta.index <= self.last_snapshot_index:
             return  # nothing newer (the bootstrap snapshot at 0 is never shipped)
         if (self.last_archived_index < stored.meta.index
-                and self.last_archived_index + 1 >= self.node.storage.first_index()):
+                and self.last_archived_index + 1 >= self.node.stored_first_index()):
             # Taken while the entries before it were uploading (they went up to the commit
             # index of then): those entries first, or the archive would move past them.
             await self._ship_entries()
@@ -269,24 +290,24 @@ class Archiver:
 
     async def _ship_entries(self) -> None:
         node = self.node
-        commit = node.core.log.committed  # what is committed now: a round ends under load
+        commit = node.commit_index()  # what is committed now: a round ends under load
         while True:
             first = self.last_archived_index + 1
             if first > commit:
                 return
-            if first < node.storage.first_index():
+            if first < node.stored_first_index():
                 # Compacted before it was shipped (this member was not the archiving leader
                 # then): the next snapshot covers it, and shipping resumes from there.
                 raise ArchiveError(
                     f"entries from {first} are no longer in this member's log (it starts at "
-                    f"{node.storage.first_index()}); the archive resumes after the next snapshot"
+                    f"{node.stored_first_index()}); the archive resumes after the next snapshot"
                 )
             last = min(commit, first + self.segment_entries - 1)
-            entries = node.storage.entries(first, last + 1)
+            entries = node.stored_entries(first, last + 1)
             await asyncio.to_thread(self.cluster.upload_segment, entries)
             self._adopt(await asyncio.to_thread(self.cluster.publish))
             self.uploads["segment"] += 1
-            if self.node.core.role is not Role.LEADER:
+            if not self.node.is_leader():
                 return
 
     def _adopt(self, manifest: Manifest | None) -> None:

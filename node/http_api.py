@@ -25,22 +25,20 @@ from flotilla.node.consensus import (
     MessageType,
     NotLeader,
     ProposalError,
-    Role,
     TransferInProgress,
 )
-from flotilla.node.consensus.membership import caught_up
 from flotilla.node.statemachine.kv import encode_delete, encode_put
 from flotilla.node.storage import DiskFullError
 
 from . import tls
 from .alarms import NoSpace
 from .config import MEMBER_NAME, NAME_RULE
-from .server import NodeServer, Overloaded, SnapshotRefused, Unavailable
+from .node import Node, Refused
+from .runtime import Overloaded, Unavailable
+from .snapshotting import SnapshotRefused
 from .transport import (
-    ADVERTISED,
     CLUSTER_HEADER,
     FRAME_ENTRY_BYTES,
-    MEMBERSHIP,
     MESSAGES_PATH,
     PEER_BODY_LIMIT,
     SENDER_HEADER,
@@ -212,7 +210,7 @@ async def _decode(body: bytes, *, snapshot: bool = False) -> Batch:
     return decode_batch(body, snapshot=snapshot)
 
 
-def peer_app(node: NodeServer) -> web.Application:
+def peer_app(node: Node) -> web.Application:
     limit = peer_body_limit(node.cfg.max_value_bytes)
     cluster_id = node.cfg.cluster_id
     authenticated = node.cfg.peer_cert_file is not None
@@ -257,8 +255,8 @@ def peer_app(node: NodeServer) -> web.Application:
         the client URL a member reports of itself, to commit it to the configuration (as
         etcd's members publish their own attributes); without TLS, where anyone could speak
         in a member's name, only each leader's own client URL is committed."""
-        if not node.core.membership.voters:  # every configuration has a voter
-            node.transport.learn(batch.sender, batch.peer_url, source=ADVERTISED)
+        if not node.knows_configuration():
+            node.heard_peer_url(batch.sender, batch.peer_url)
         elif (authenticated  # the sender is who its certificate says: it speaks of itself
               and batch.client_url != client_urls.get(batch.sender)  # usually it is known
               and not _url_problem(batch.client_url, "client_url")):
@@ -374,6 +372,11 @@ def peer_app(node: NodeServer) -> web.Application:
     return app
 
 
+#: The HTTP status of each reason `Node` refuses an admin request for (node.Refused).
+REFUSALS = {"member_exists": 409, "peer_url_exists": 409, "not_a_learner": 422,
+            "not_caught_up": 422, "not_found": 404, "invalid_config": 422}
+
+
 def public_status(doc: dict[str, Any]) -> dict[str, Any]:
     """`/v1/status` for a caller without the admin token: what a client needs to find the
     leader and judge freshness, without what would help someone pose as a peer (the cluster
@@ -389,7 +392,7 @@ def public_status(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 class ClientAPI:
-    def __init__(self, node: NodeServer) -> None:
+    def __init__(self, node: Node) -> None:
         self.node = node
         self.session: aiohttp.ClientSession | None = None
 
@@ -479,7 +482,7 @@ class ClientAPI:
 
     def _admin_allowed(self, request: web.Request) -> web.Response | None:
         """None when the request carries the admin token, else the 401 to answer. There is
-        always a token (`NodeServer.open` generates one when --admin-token is not given)."""
+        always a token (`Node.open` generates one when --admin-token is not given)."""
         token = self.node.cfg.admin_token
         given = request.headers.get("Authorization", "")
         scheme, _, credentials = given.strip().partition(" ")
@@ -504,7 +507,7 @@ class ClientAPI:
         if request.headers.get(FORWARDED):
             return unavailable("leadership moved while the request was forwarded; retry")
         url = self.node.leader_client_url()
-        if url is None and self.node.core.leader is not None:
+        if url is None and self.node.leader() is not None:
             # A new leader's client URL reaches the others through the log a moment after its
             # election: wait for it rather than turn the client away.
             url = await self.node.wait_leader_client_url(LEADER_URL_WAIT)
@@ -658,7 +661,7 @@ class ClientAPI:
         index = await self._consistent(request)
         if isinstance(index, web.Response):
             return index
-        found = self.node.sm.get(key)
+        found = self.node.machine.get(key)
         applied = str(self.node.applied)
         if found is None:
             return web.json_response({"error": f"key {key!r} not found", "code": "not_found"},
@@ -678,13 +681,13 @@ class ClientAPI:
         index = await self._consistent(request)
         if isinstance(index, web.Response):
             return index
-        keys = self.node.sm.list(prefixes[0] if prefixes else "", limit)
+        keys = self.node.machine.list(prefixes[0] if prefixes else "", limit)
         return web.json_response({"index": self.node.applied, "keys": keys})
 
     # --- admin ---------------------------------------------------------------------------
 
     async def status(self, request: web.Request) -> web.Response:
-        doc = self.node.status()
+        doc = self.node.status().to_json()
         if self._admin_allowed(request) is not None:
             doc = public_status(doc)
         return web.json_response(doc)
@@ -707,11 +710,13 @@ class ClientAPI:
         doc = await self._json(request) if request.method in ("POST", "PUT") else {}
         if isinstance(doc, web.Response):
             return doc
-        if self.node.core.role is not Role.LEADER:
+        if not self.node.is_leader():
             body = json.dumps(doc).encode() if doc else None
             return await self._forward(request, body)
         try:
             return await asyncio.wait_for(action(doc), 30)
+        except Refused as exc:
+            return error(REFUSALS[exc.code], exc.code, str(exc))
         except MembershipChangeInProgress as exc:
             return error(409, "change_in_progress", str(exc))
         except InvalidMembership as exc:
@@ -732,20 +737,8 @@ class ClientAPI:
                 None if client_url is None else _url_problem(client_url, "client_url"))
             if problem:
                 return bad_request(problem)
-            core = self.node.core
-            m = core.membership
-            if name in m.members():
-                return error(409, "member_exists", f"{name} is already a member")
-            for other, url in m.addresses:
-                if url.rstrip("/") == peer_url.rstrip("/"):
-                    return error(409, "peer_url_exists", f"{other} already uses {peer_url}")
-            core.settled_membership()  # 409 before learning any address
-            self.node.transport.learn(name, peer_url, client_url, source=MEMBERSHIP)
-            index = await self.node.change_membership(
-                m.voters, m.learners | {name}, {name: peer_url},
-                {name: client_url} if client_url else None)
-            return web.json_response({"index": index, "config": self.node.core.membership
-                                      .describe()})
+            index, config = await self.node.add_learner(name, peer_url, client_url)
+            return web.json_response({"index": index, "config": config})
         return await self._admin(request, action)
 
     async def set_config(self, request: web.Request) -> web.Response:
@@ -755,56 +748,15 @@ class ClientAPI:
                     isinstance(v, str) and v for v in voters):
                 return bad_request('give {"voters": ["n1", "n2", ...]}: a non-empty list of '
                                    "member names")
-            core = self.node.core
-            m = core.membership
-            core.settled_membership()  # 409 comes before any 422
-            target = set(voters)
-            if target == m.voters:
-                return web.json_response({"config": m.describe()})  # PUT is idempotent
-            for name in sorted(target - m.voters):
-                if name not in m.learners:
-                    return error(422, "not_a_learner", f"{name} is not a learner of this "
-                                 "cluster: add it first (POST /v1/members) and let it catch up")
-                match, committed = core.match_index(name), core.log.committed
-                if not caught_up(match, committed):
-                    return error(422, "not_caught_up", f"learner {name} has not caught up yet "
-                                 f"(match {match or 0}, commit {committed}); retry when it has")
-            await self.node.change_membership(target, m.learners - target)
-            await self._until_settled(frozenset(target))
-            return web.json_response({"config": core.membership.describe()})
+            config = await self.node.set_voters(frozenset(voters))
+            return web.json_response({"config": config})
         return await self._admin(request, action)
-
-    async def _until_settled(self, voters: frozenset[str]) -> None:
-        """Wait until a configuration that is not joint is committed (C_new, when the change
-        went through). A leader that removed itself commits C_new and then steps down, so
-        losing leadership is not failure; a C_new with other voters means the change was lost
-        with a leadership change (Unavailable: retry)."""
-        core = self.node.core
-        while True:
-            m = core.membership
-            if not m.joint and core.log.membership_index() <= core.log.committed:
-                if m.voters == voters:
-                    return
-                raise Unavailable(f"the change to {sorted(voters)} was lost when leadership "
-                                  f"changed (voters are {sorted(m.voters)}); retry")
-            await asyncio.sleep(0.01)
 
     async def remove_member(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
 
         async def action(_doc):
-            core = self.node.core
-            m = core.membership
-            if name not in m.members():
-                return error(404, "not_found", f"{name} is not a member")
-            if name in m.learners:
-                await self.node.change_membership(m.voters, m.learners - {name})
-            else:
-                if m.voters == {name}:
-                    return error(422, "invalid_config", "cannot remove the last voter")
-                await self.node.change_membership(m.voters - {name}, m.learners)
-                await self._until_settled(m.voters - {name})
-            return web.json_response({"config": core.membership.describe()})
+            return web.json_response({"config": await self.node.remove_member(name)})
         return await self._admin(request, action)
 
     async def transfer(self, request: web.Request) -> web.Response:
@@ -812,18 +764,9 @@ class ClientAPI:
             target = doc.get("name")
             if not isinstance(target, str) or not target:
                 return bad_request('give {"name": "<voter>"}')
-            core = self.node.core
-            if target not in core.membership.members():
-                return error(404, "not_found", f"{target[:80]!r} is not a member of this cluster")
-            if target == self.node.name:
-                return web.json_response({"leader": target, "term": core.term})
-            self.node.transfer_leadership(target)
-            deadline = time.monotonic() + self.node.cfg.election_timeout_ms / 1000 * 2
-            while time.monotonic() < deadline:
-                if core.leader == target and core.role is not Role.LEADER:
-                    return web.json_response({"leader": target, "term": core.term})
-                await asyncio.sleep(0.01)
-            return unavailable(f"{target} did not take over in time; check /v1/status")
+            leader, term = await self.node.transfer_leadership(
+                target, timeout=self.node.cfg.election_timeout_ms / 1000 * 2)
+            return web.json_response({"leader": leader, "term": term})
         return await self._admin(request, action)
 
     async def snapshot(self, request: web.Request) -> web.Response:
@@ -848,12 +791,7 @@ class ClientAPI:
         return web.json_response(doc)
 
     async def metrics(self, request: web.Request) -> web.Response:
-        transport = self.node.transport
-        text = self.node.metrics.render(self.node.core.log.committed, self.node.role(),
-                                        transport.dials, transport.snapshot_bytes_streamed,
-                                        self.node.archiver, self.node.core.acks_beyond_sent,
-                                        transport.sender_failures)
-        return web.Response(text=text, content_type="text/plain")
+        return web.Response(text=self.node.render_metrics(), content_type="text/plain")
 
     async def healthz(self, request: web.Request) -> web.Response:
         if self.node.fatal is not None:

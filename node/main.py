@@ -28,7 +28,7 @@ from flotilla.node.storage.space import disk_full
 from . import config, restore, tls
 from .deadlines import DeadlineSite
 from .http_api import ClientAPI, peer_app
-from .server import NodeServer
+from .node import Node
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_DATA, EXIT_OUTSIDE = 0, 1, 2, 3, 4
 
@@ -51,7 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Whatever the member creates (data dir, downloaded snapshots, a file:// archive) is
     # readable by its own user only; storage also gives its modes explicitly.
     os.umask(0o077)
-    node = NodeServer(cfg, contexts)
+    node = Node(cfg, contexts)
     try:
         node.open()
     except (StorageError, OSError) as exc:
@@ -75,7 +75,7 @@ class ListenError(Exception):
     """A listen address cannot be bound (in use, not an address of this host): a usage error."""
 
 
-async def _listen(node: NodeServer) -> list[web.AppRunner]:
+async def _listen(node: Node) -> list[web.AppRunner]:
     """Bind both ports, or raise ListenError with nothing left open behind it."""
     cfg = node.cfg
     runners: list[web.AppRunner] = []
@@ -100,7 +100,7 @@ async def _listen(node: NodeServer) -> list[web.AppRunner]:
     return runners
 
 
-async def _serve(node: NodeServer) -> int:
+async def _serve(node: Node) -> int:
     cfg = node.cfg
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

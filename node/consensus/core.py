@@ -27,12 +27,14 @@ from .membership import change_in_flight
 from .progress import Progress, ProgressState
 from .raftlog import RaftLog
 from .types import (
+    CoreStatus,
     Entry,
     EntryKind,
     HardState,
     Membership,
     Message,
     MessageType,
+    PeerProgress,
     ReadState,
     Ready,
     RecoveredState,
@@ -151,6 +153,15 @@ class RaftCore:
     @property
     def membership(self) -> Membership:
         return self.log.membership()
+
+    @property
+    def commit_index(self) -> int:
+        return self.log.committed
+
+    @property
+    def snapshot_index(self) -> int:
+        """The index the log is compacted to (covered by a snapshot)."""
+        return self.log.snapshot.index
 
     def tick(self) -> None:
         if self.role is Role.LEADER:
@@ -271,13 +282,18 @@ class RaftCore:
         """The caller has made a snapshot of the state machine at `index` (<= applied) durable.
         Returns its metadata; entries up to `index - keep_entries` are forgotten, and followers
         that need them are sent this snapshot instead."""
+        meta = self.snapshot_meta(index)
+        self.log.compact(meta, keep_from=index - keep_entries + 1)
+        return meta
+
+    def snapshot_meta(self, index: int) -> SnapshotMeta:
+        """What a snapshot of the state machine at `index` records: the entry's term and time,
+        and the configuration in force there. ValueError when the log no longer holds it."""
         term = self.log.term(index)
         if term is None:
             raise ValueError(f"cannot snapshot at {index}: that entry is not in the log")
-        meta = SnapshotMeta(index=index, term=term, membership=self.log.membership_at(index),
+        return SnapshotMeta(index=index, term=term, membership=self.log.membership_at(index),
                             ts_ms=self.log.ts(index))
-        self.log.compact(meta, keep_from=index - keep_entries + 1)
-        return meta
 
     def report_snapshot(self, peer: str, ok: bool) -> None:
         """The runtime finished (or gave up) sending a snapshot to `peer`."""
@@ -568,26 +584,34 @@ class RaftCore:
             if pr is not None and pr.maybe_update(log.stable) and self._maybe_commit():
                 self._broadcast_wanted = True
 
-    def status(self) -> dict[str, Any]:
-        """Facts for `/v1/status` and for tests."""
+    def status(self) -> CoreStatus:
+        """The core's facts at this moment (for `/v1/status`, the admin API, the archiver and
+        tests): a copy, never a view of the core's own structures."""
         log = self.log
-        return {
-            "name": self.name,
-            "term": self.term,
-            "vote": self.vote,
-            "role": self.role.label,
-            "leader": self.leader,
-            "commit_index": log.committed,
-            "applied_index": log.applied,
-            "first_index": log.first_index(),
-            "last_index": log.last_index(),
-            "snapshot": {"index": log.snapshot.index, "term": log.snapshot.term},
-            "membership": self.membership,
-            "progress": {
-                name: {"match": pr.match, "next": pr.next, "state": pr.state.name.lower()}
-                for name, pr in self.progress.items()
-            },
-        }
+        leading = self.role is Role.LEADER
+        return CoreStatus(
+            name=self.name,
+            term=self.term,
+            vote=self.vote,
+            role=self.role,
+            leader=self.leader,
+            commit_index=log.committed,
+            applied_index=log.applied,
+            first_index=log.first_index(),
+            last_index=log.last_index(),
+            snapshot=log.snapshot,
+            membership=self.membership,
+            membership_index=log.membership_index(),
+            admission=self.admission,
+            progress={name: PeerProgress(pr.match, pr.next, pr.state.name.lower())
+                      for name, pr in self.progress.items()} if leading else {},
+            acks_beyond_sent=self.acks_beyond_sent,
+        )
+
+    def term_at(self, index: int) -> int | None:
+        """The term of entry `index` in this member's log; None when the log does not hold it
+        (compacted, or beyond its end)."""
+        return self.log.term(index)
 
     # === roles ===============================================================================
 
@@ -781,6 +805,11 @@ class RaftCore:
         not lead or does not replicate to `name`."""
         pr = self.progress.get(name) if self.role is Role.LEADER else None
         return pr.match if pr is not None else None
+
+    def membership_settled(self) -> bool:
+        """Whether no membership change is in flight (consensus/membership.py)."""
+        return not change_in_flight(self.membership.joint, self.log.membership_index(),
+                                    self.log.committed)
 
     def settled_membership(self) -> Membership:
         """The configuration, when a new one may be appended: the previous change committed

@@ -227,6 +227,37 @@ class ReadState:
 
 
 @dataclass(frozen=True, slots=True)
+class PeerProgress:
+    """What a leader knows of one member's log (consensus/progress.py)."""
+
+    match: int
+    next: int
+    state: str  # "probe", "replicate" or "snapshot"
+
+
+@dataclass(frozen=True, slots=True)
+class CoreStatus:
+    """The core's facts, copied out at one moment: what `/v1/status`, the admin API and the
+    archiver read, so that nothing outside the core reaches into its log or progress."""
+
+    name: str
+    term: int
+    vote: str | None
+    role: Role
+    leader: str | None
+    commit_index: int
+    applied_index: int
+    first_index: int
+    last_index: int
+    snapshot: SnapshotMeta
+    membership: Membership
+    membership_index: int  # where `membership` sits in the log
+    admission: tuple[str, int] | None
+    progress: dict[str, PeerProgress]  # empty unless this member leads
+    acks_beyond_sent: int
+
+
+@dataclass(frozen=True, slots=True)
 class SoftState:
     """Volatile facts the runtime reports but never persists."""
 

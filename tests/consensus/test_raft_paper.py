@@ -23,6 +23,7 @@ from flotilla.node.consensus import (
     Membership,
     MembershipChangeInProgress,
     Message,
+    PeerProgress,
     RaftCore,
     ReadState,
     RecoveredState,
@@ -975,7 +976,7 @@ def test_compaction_records_the_snapshot_and_keeps_a_trailing_window_of_entries(
     assert meta == SnapshotMeta(8, 1, Membership(voters(*ABC)))
     assert (a.log.first_index(), a.log.last_index()) == (6, 10)
     assert (a.log.term(4), a.log.term(5), a.log.term(6)) == (None, 1, 1)  # 5 is the base
-    assert a.status()["snapshot"] == {"index": 8, "term": 1}
+    assert a.status().snapshot == SnapshotMeta(8, 1, Membership(voters(*ABC)))
 
     net.compact("a", 10)
 
@@ -1030,7 +1031,7 @@ def test_a_follower_installs_the_snapshot_then_receives_the_entries_after_it():
 
     [snapshot] = net.held
     assert snapshot.to == "c" and snapshot.snapshot.meta == meta
-    assert a.core.status()["progress"]["c"]["state"] == "snapshot"
+    assert a.core.status().progress["c"].state == "snapshot"
     since = len(net.sent)
     net.tick("a", times=3)
     assert {m.type for m in net.sent[since:] if m.to == "c"} == {MT.HEARTBEAT}
@@ -1046,8 +1047,8 @@ def test_a_follower_installs_the_snapshot_then_receives_the_entries_after_it():
     assert c.applied == a.applied[:s]
     assert (c.disk.snapshot, c.disk.entries) == (meta, [])
     assert c.core.membership == Membership(voters(*ABC), learners=voters("d"))
-    progress = a.core.status()["progress"]["c"]
-    assert (progress["state"], progress["match"]) == ("replicate", s)
+    progress = a.core.status().progress["c"]
+    assert (progress.state, progress.match) == ("replicate", s)
 
     net.release()
     net.stabilize()
@@ -1083,25 +1084,25 @@ def test_a_leader_sends_a_follower_nothing_else_until_its_snapshot_is_reported_o
     else:
         net.drop(lambda m: m.type is MT.SNAPSHOT)
 
-    def progress() -> dict:
-        return a.status()["progress"]["c"]
+    def progress() -> PeerProgress:
+        return a.status().progress["c"]
 
     if outcome == "reported":
         net.tick("a")
-        assert progress()["state"] == "snapshot"
+        assert progress().state == "snapshot"
         a.report_snapshot("c", True)
-        assert progress() == {"match": 1, "next": meta.index + 1, "state": "probe"}
+        assert progress() == PeerProgress(match=1, next=meta.index + 1, state="probe")
         net.release()
         net.stabilize()
     else:
         net.tick("a")  # the snapshot is lost and the runtime reports the failure
-        assert progress() == {"match": 1, "next": 2, "state": "probe"}
+        assert progress() == PeerProgress(match=1, next=2, state="probe")
         net.heal()
         net.tick("a")
 
     assert len(net.sent_of(MT.SNAPSHOT, to="c")) == (1 if outcome == "reported" else 2)
-    assert progress()["state"] == "replicate"
-    assert progress()["match"] == 4
+    assert progress().state == "replicate"
+    assert progress().match == 4
     assert net["c"].disk.snapshot == meta
     assert net["c"].applied == net["a"].applied
 

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 from flotilla.node.archive import ClusterArchive, open_archive
 from flotilla.node.archiver import Archiver
-from flotilla.node.consensus import Entry, Membership, Role, SnapshotMeta
+from flotilla.node.consensus import Entry, Membership, SnapshotMeta
 from flotilla.node.statemachine.kv import KVStateMachine
 from flotilla.node.storage import SnapshotStore
 from flotilla.node.storage.snapshots import StoredSnapshot
@@ -26,29 +26,53 @@ class Leader:
         self.cfg = SimpleNamespace(archive_keep_snapshots=3, archive_interval_ms=200,
                                    archive_segment_entries=10000)
         self.log: list[Entry] = []
-        self.core = SimpleNamespace(role=Role.LEADER, term=1, log=SimpleNamespace(
-            committed=0, last_index=lambda: len(self.log),
-            term=lambda i: self.log[i - 1].term if 0 < i <= len(self.log) else None))
-        self.storage = SimpleNamespace(first_index=lambda: 1,
-                                       entries=lambda lo, hi: self.log[lo - 1:hi - 1])
+        self.committed = 0
         self.snapshots = SnapshotStore(root / "snap", fsync=False)
-        self._snapshot: StoredSnapshot | None = None
+        self.snapshot: StoredSnapshot | None = None
+
+    # --- what the archiver reads (archiver.ArchiveSource) ---
+
+    def is_leader(self) -> bool:
+        return True
+
+    def term(self) -> int:
+        return 1
+
+    def commit_index(self) -> int:
+        return self.committed
+
+    def term_at(self, index: int) -> int | None:
+        return self.log[index - 1].term if 0 < index <= len(self.log) else None
+
+    def log_span(self) -> tuple[int, int]:
+        return 1, len(self.log)
+
+    def stored_first_index(self) -> int:
+        return 1
+
+    def stored_entries(self, lo: int, hi: int) -> list[Entry]:
+        return self.log[lo - 1:hi - 1]
+
+    def latest_snapshot(self) -> StoredSnapshot | None:
+        return self.snapshot
+
+    # --- the test's moves ---
 
     def commit(self, count: int) -> None:
         for _ in range(count):
             index = len(self.log) + 1
             self.log.append(Entry(index, 1, ts_ms=1_700_000_000_000 + index))
-        self.core.log.committed = len(self.log)
+        self.committed = len(self.log)
 
     def take_snapshot(self) -> None:
-        index = self.core.log.committed
+        index = self.committed
         meta = SnapshotMeta(index, 1, MEMBERSHIP, self.log[index - 1].ts_ms)
         frozen = KVStateMachine().freeze()
         try:
             path = self.snapshots.save(meta, "kv", frozen.write)
         finally:
             frozen.release()
-        self._snapshot = StoredSnapshot(meta, "kv", path)
+        self.snapshot = StoredSnapshot(meta, "kv", path)
 
 
 class SlowUploads(ClusterArchive):
@@ -78,7 +102,7 @@ def test_a_snapshot_taken_while_entries_upload_ships_after_the_entries_up_to_it(
     cluster.during_upload = meanwhile
 
     async def one_round() -> None:
-        archiver = Archiver(leader, cluster)
+        archiver = Archiver(leader, cluster, leader.cfg)
         await archiver.ship_now(31, 1)
 
     asyncio.run(one_round())

@@ -12,25 +12,25 @@ import errno
 import pytest
 from flotilla.node.config import parse
 from flotilla.node.main import EXIT_DATA, EXIT_FAILED, _serve
-from flotilla.node.server import NodeServer
+from flotilla.node.node import Node
 from flotilla.node.statemachine.kv import encode_put
 from flotilla.node.storage import DiskFullError, StorageError, free_bytes
 
 from tests.harness.ports import allocate_ports
 
 
-def _node(tmp_path) -> NodeServer:
+def _node(tmp_path) -> Node:
     peer, client = allocate_ports(2)
     cfg = parse(["--name", "n1", "--data-dir", str(tmp_path / "n1"),
                  "--listen-peer", f"127.0.0.1:{peer}", "--listen-client", f"127.0.0.1:{client}",
                  "--initial-cluster", f"n1=http://127.0.0.1:{peer}",
                  "--election-timeout-ms", "200", "--heartbeat-ms", "20"])
-    node = NodeServer(cfg)
+    node = Node(cfg)
     node.open()
     return node
 
 
-async def _until_leader(node: NodeServer) -> None:
+async def _until_leader(node: Node) -> None:
     for _ in range(200):
         if node.role() == "leader":
             return
@@ -38,7 +38,7 @@ async def _until_leader(node: NodeServer) -> None:
     raise AssertionError("a single member never became leader")
 
 
-def _serve_until_the_log_fails(node: NodeServer, failure: BaseException) -> int:
+def _serve_until_the_log_fails(node: Node, failure: BaseException) -> int:
     """Serve `node` until it leads, then make its log's fsync raise `failure` under a write;
     the exit code, once the member has stopped and answered that write (never acknowledged)."""
 
@@ -48,7 +48,7 @@ def _serve_until_the_log_fails(node: NodeServer, failure: BaseException) -> int:
     async def scenario() -> int:
         serving = asyncio.create_task(_serve(node))
         await _until_leader(node)
-        node.storage.sync = broken_sync
+        node.runtime.storage.sync = broken_sync
         write = asyncio.create_task(node.propose(encode_put("k", b"v", ts=0)))
         rc = await asyncio.wait_for(serving, 10)
         assert node.dead.is_set()

@@ -294,7 +294,7 @@ def test_dockerignore_keeps_out(path):
 
 @pytest.mark.parametrize("path", [
     "pyproject.toml", "README.md", "flotilla/cli.py", "node/archive/__init__.py",
-    "node/server.py", "operator/__init__.py",
+    "node/runtime.py", "operator/__init__.py",
 ])
 def test_dockerignore_keeps_in(path):
     assert not ignored(path)
