@@ -71,14 +71,15 @@ class Executor:
             self.send(rd.messages)
         # 2. The snapshot, then the entries and the hard state; one fsync for all the entries
         #    (group commit). The hard state is durable on return; appends only after `sync`.
+        #    Every durable write goes through `offload`: the loop never waits on the disk.
         if rd.snapshot is not None:
             await hooks.install_snapshot(rd.snapshot)
             await self.offload(storage.install_snapshot, rd.snapshot.meta)
         if rd.entries:
             appending = self.clock()
             storage.append(rd.entries)
-        if rd.hard_state is not None:
-            storage.save_hard_state(rd.hard_state)
+        if rd.hard_state is not None:  # a new term or vote: rare, and never on the loop
+            await self.offload(storage.save_hard_state, rd.hard_state)
         if rd.entries:
             syncing = self.clock()
             await self.offload(storage.sync)

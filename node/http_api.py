@@ -33,9 +33,7 @@ from flotilla.node.storage import DiskFullError
 from . import tls
 from .alarms import NoSpace
 from .config import MEMBER_NAME, NAME_RULE
-from .node import Node, Refused
-from .runtime import Overloaded, Unavailable
-from .snapshotting import SnapshotRefused
+from .node import Node, Overloaded, Refused, SnapshotRefused, Unavailable
 from .transport import (
     CLUSTER_HEADER,
     FRAME_ENTRY_BYTES,

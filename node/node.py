@@ -26,13 +26,15 @@ from .alarms import SpaceAlarm
 from .archiver import NODE_ARCHIVE_SETTINGS, Archiver
 from .config import NodeConfig
 from .metrics import Metrics
-from .runtime import Runtime, Unavailable
-from .snapshotting import Snapshotter
+from .runtime import Overloaded, Runtime, Unavailable
+from .snapshotting import SnapshotRefused, Snapshotter
 from .status import NO_ARCHIVE, ConfigView, MemberStatus, MemberView
 from .tls import NodeContexts
 from .transport import ADVERTISED, CONFIGURED, MEMBERSHIP, PeerTransport
 
 log = logging.getLogger(__name__)
+
+__all__ = ["Node", "Overloaded", "Refused", "SnapshotRefused", "Unavailable"]
 
 
 class Refused(Exception):

@@ -3,17 +3,18 @@
 Nothing here is random except the seeded `random.Random` each member gets in its `Settings`.
 Messages travel through one FIFO queue and arrive only when a test asks (`deliver`,
 `stabilize`); the test decides what is lost (`drop`, `isolate`, `cut`) and what waits
-(`hold` / `release`). Each member carries out its `Ready` batches exactly as the field comments
-of `Ready` prescribe:
+(`hold` / `release`). Each member carries out its `Ready` batches with the runtime's own
+executor (node/executor.py), in the order the field comments of `Ready` prescribe:
 
 1. `messages` go out at once;
-2. the snapshot, the entries and the hard state are written to the member's `Disk`;
+2. the snapshot, the entries and the hard state are written to the member's `Disk` (entries
+   become durable with its fsync);
 3. only then do `persisted_messages` go out;
 4. committed entries are applied, in order, to the member's `applied` list;
 5. read states and failed reads are recorded;
 6. `advance(ready)`.
 
-A member whose disk is `slow` stops after step 1 until the test calls `flush`, so tests can
+A member whose disk is `slow` waits at its fsync until the test calls `flush`, so tests can
 see what the core does while a write is still in flight. Every step is also written to the
 member's `events`, so a test can check that something was durable before something was sent.
 """
@@ -41,8 +42,10 @@ from flotilla.node.consensus import (
     Snapshot,
     SnapshotMeta,
 )
+from flotilla.node.executor import Executor
 
 from tests.simulation.disk import Disk
+from tests.simulation.drive import Batch, offload_through
 
 MT = MessageType
 Filter = Callable[[Message], bool]
@@ -70,7 +73,8 @@ class Member:
     readies: list[Ready] = field(default_factory=list)  # every batch taken, in order
     events: list[tuple[str, Any]] = field(default_factory=list)
     slow_disk: bool = False
-    pending: Ready | None = None  # taken, messages sent, not yet durable (slow disk)
+    pending: Batch | None = None  # taken, messages sent, fsync not done (slow disk)
+    executor: Executor | None = None
 
     @property
     def role(self) -> Role:
@@ -86,6 +90,40 @@ class Member:
 
     def applied_index(self) -> int:
         return self.applied[-1].index if self.applied else 0
+
+    def start(self, send: Callable[[Member, Message], None]) -> None:
+        """Build the executor over this member's core and disk (again after a restart)."""
+        self.disk.observer = lambda event, what: self.events.append((event, what))
+        self.executor = Executor(
+            self.core, self.disk, lambda messages: [send(self, m) for m in messages], self,
+            offload=offload_through(self.disk, slow=lambda: self.slow_disk))
+
+    # --- what the executor calls (executor.BatchHooks) ---
+
+    async def install_snapshot(self, snapshot: Snapshot) -> None:
+        self.disk.snapshot_data = tuple(snapshot.data)
+        self.applied = list(snapshot.data)
+
+    def persisted(self, entries, append_s: float, sync_s: float) -> None:
+        pass
+
+    def soft_state_changed(self, soft) -> None:
+        pass
+
+    def apply(self, entries) -> None:
+        for entry in entries:
+            assert entry.index == self.applied_index() + 1, (
+                f"{self.name} applied {entry.index} after {self.applied_index()}: out of order"
+            )
+            self.applied.append(entry)
+            self.events.append(("apply", entry))
+
+    def reads(self, states, failed) -> None:
+        self.read_states.extend(states)
+        self.failed_reads.extend(failed)
+
+    async def before_advance(self, rd: Ready) -> None:
+        pass
 
 
 class Network:
@@ -126,6 +164,13 @@ class Network:
             settings_i = Settings(rng=random.Random(i), **settings)
             core = RaftCore(name, settings_i, disk.recovered())
             self.members[name] = Member(name, core, disk, settings_i)
+            self.members[name].start(self._send)
+
+    def join(self, member: Member) -> Member:
+        """Put `member` (built by the test: a lost disk, say) in its name's place."""
+        self.members[member.name] = member
+        member.start(self._send)
+        return member
 
     # --- looking -----------------------------------------------------------------------
 
@@ -196,41 +241,17 @@ class Network:
             return None
         rd = core.ready()
         member.readies.append(rd)
-        for m in rd.messages:
-            self._send(member, m)
-        member.pending = rd
-        if not member.slow_disk:
-            self.flush(name)
+        batch = Batch(member.executor.carry_out(rd))
+        if not batch.run():
+            member.pending = batch  # a slow disk: the fsync waits for `flush`
         return rd
 
     def flush(self, name: str) -> None:
-        """The slow disk of `name` finishes its write: steps 1 and 3-6 of the pending Ready."""
+        """The slow disk of `name` finishes its write: the rest of the pending Ready."""
         member = self.members[name]
-        rd, member.pending = member.pending, None
-        if rd is None:
-            return
-        disk = member.disk
-        if rd.snapshot is not None:
-            disk.install(rd.snapshot.meta, tuple(rd.snapshot.data))
-            member.applied = list(rd.snapshot.data)
-            member.events.append(("persist-snapshot", rd.snapshot.meta))
-        if rd.entries:
-            disk.append(rd.entries)
-            member.events.append(("persist-entries", rd.entries))
-        if rd.hard_state is not None:
-            disk.save_hard_state(rd.hard_state)
-            member.events.append(("persist-hard-state", rd.hard_state))
-        for m in rd.persisted_messages:
-            self._send(member, m)
-        for entry in rd.committed_entries:
-            assert entry.index == member.applied_index() + 1, (
-                f"{name} applied {entry.index} after {member.applied_index()}: out of order"
-            )
-            member.applied.append(entry)
-            member.events.append(("apply", entry))
-        member.read_states.extend(rd.read_states)
-        member.failed_reads.extend(rd.failed_reads)
-        member.core.advance(rd)
+        batch, member.pending = member.pending, None
+        while batch is not None and not batch.write_done():
+            pass  # the hard state, then the entries
 
     def process_all(self) -> bool:
         """Carry out one Ready of every member that has one; tell whether any did."""
@@ -321,8 +342,12 @@ class Network:
         """Crash `name` (losing a write in progress and its volatile state) and start it again
         from its disk."""
         member = self.members[name]
+        if member.pending is not None:
+            member.pending.abandon()
         member.pending = None
+        member.disk.crash()
         member.core = RaftCore(name, member.settings, member.disk.recovered())
+        member.start(self._send)
         member.applied = list(member.disk.snapshot_data)
         return member.core
 

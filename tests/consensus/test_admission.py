@@ -29,8 +29,7 @@ def lose_disk(net: Network, name: str) -> Member:
     settings = Settings(rng=random.Random(99))
     core = RaftCore(name, settings, disk.recovered())
     core.await_admission()
-    net.members[name] = Member(name, core, disk, settings)
-    return net.members[name]
+    return net.join(Member(name, core, disk, settings))
 
 
 def test_an_empty_member_grants_no_vote_before_it_has_heard_from_a_leader():

@@ -1408,7 +1408,7 @@ def test_a_follower_whose_write_is_not_durable_has_acknowledged_nothing():
     voter = fresh["b"]
     voter.slow_disk = True
     fresh.step(Message(MT.VOTE, to="b", frm="a", term=1))
-    assert voter.pending.hard_state == HardState(1, "a")
+    assert voter.pending is not None and voter.readies[-1].hard_state == HardState(1, "a")
     assert not fresh.sent
     fresh.restart("b")
     voter.slow_disk = False

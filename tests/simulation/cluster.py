@@ -1,10 +1,13 @@
 """A deterministic discrete-event simulation of a Flotilla cluster around the pure Raft core.
 
 Everything random comes from one `random.Random(seed)`, so a run is replayed exactly from its
-seed. The simulation plays every role the real runtime plays (persisting, sending, applying,
-snapshotting) and adds an adversarial world: a network that loses, duplicates, delays and
-reorders messages and cuts links one way or both; crashes that keep exactly what was made
-durable; restarts; membership changes; leadership transfers; clients that write and read.
+seed. Each member carries out its batches with the runtime's own executor (node/executor.py)
+over an in-memory disk whose fsyncs complete when the schedule says (tests/simulation/drive.py),
+so the ordering rules checked here are the ones members run. The simulation plays the rest of
+the runtime (the network, the state machine, snapshots) and adds an adversarial world: a
+network that loses, duplicates, delays and reorders messages and cuts links one way or both;
+crashes that keep exactly what was made durable; restarts; membership changes; leadership
+transfers; clients that write and read.
 
 `SafetyChecker` checks the Raft safety properties after every event; a violation raises
 `SafetyViolation` with the seed and the recent trace.
@@ -34,8 +37,10 @@ from flotilla.node.consensus import (
     Snapshot,
     SnapshotMeta,
 )
+from flotilla.node.executor import Executor
 
 from .disk import Disk
+from .drive import Batch, offload_through
 
 TICK = 10  # time units per tick; messages take a few units, so many can cross within a tick
 # Each member's wall clock reads EPOCH_MS + now + its skew (one time unit is a millisecond). The
@@ -93,7 +98,8 @@ class SimNode:
         self.incarnation = 0
         self.core: RaftCore | None = None
         self.sm = KVState()
-        self.persisting: Ready | None = None
+        self.batch: Batch | None = None  # the Ready being carried out (its fsync in flight)
+        self.executor: Executor | None = None
         self.ready_scheduled = False
         self.pending_reads: dict[Any, tuple[int, int]] = {}  # ctx -> (read index, started)
         self.clock_skew = 0
@@ -122,15 +128,63 @@ class SimNode:
             wall_clock_ms=self.wall_clock_ms,
         )
         self.core = RaftCore(self.name, settings, recovered)
+        d.observer = self._persisted
+        self.executor = Executor(self.core, d, self._send, self,
+                                 offload=offload_through(d, slow=lambda: True))
         self.sm = d.snapshot_data.copy()
-        self.persisting = None
+        self.batch = None
         self.ready_scheduled = False
         self.pending_reads = {}
 
     def crash(self) -> None:
         self.alive = False
         self.core = None
-        self.persisting = None
+        if self.batch is not None:
+            self.batch.abandon()
+        self.batch = None
+        self.disk.crash()
+
+    # --- what the runtime's executor calls (executor.BatchHooks) -------------------------
+
+    def _send(self, messages) -> None:
+        for m in messages:
+            self.sim.send(self, m)
+
+    def _persisted(self, event: str, what: Any) -> None:
+        if event == "persist-entries":
+            self.sim.checker.on_persisted(self)
+
+    async def install_snapshot(self, snapshot: Snapshot) -> None:
+        data = snapshot.data
+        self.disk.snapshot_data = data.copy()
+        self.sim.checker.on_snapshot(self, snapshot.meta)
+        self.sm = data.copy()
+        self.sim.stats["installs"] += 1
+        self.sim.log(f"{self.name} installed snapshot {snapshot.meta.index}")
+
+    def persisted(self, entries, append_s: float, sync_s: float) -> None:
+        pass
+
+    def soft_state_changed(self, soft) -> None:
+        pass
+
+    def apply(self, entries) -> None:
+        for entry in entries:
+            self.sm.apply(entry)
+            self.sim.checker.on_apply(self, entry)
+            self.sim.on_applied(self, entry)
+
+    def reads(self, states, failed) -> None:
+        for rs in states:
+            if rs.context in self.pending_reads:  # a duplicated answer is ignored
+                self.pending_reads[rs.context] = (rs.index, self.pending_reads[rs.context][1])
+        for ctx in failed:
+            self.sim.reads_failed += 1
+            self.pending_reads.pop(ctx, None)
+            self.sim.checker.read_started.pop(ctx, None)
+
+    async def before_advance(self, rd: Ready) -> None:
+        pass
 
 
 # --- the world -----------------------------------------------------------------------------
@@ -233,7 +287,7 @@ class Simulation:
 
     def kick(self, node: SimNode) -> None:
         """Something was given to the core: carry out its Ready soon."""
-        if node.alive and not node.ready_scheduled and node.persisting is None:
+        if node.alive and not node.ready_scheduled and node.batch is None:
             node.ready_scheduled = True
             self.schedule(self.rng.randrange(3), "ready", (node.name, node.incarnation))
 
@@ -260,48 +314,25 @@ class Simulation:
             return
         node.ready_scheduled = False
         core = node.core
-        if node.persisting is not None or not core.has_ready():
+        if node.batch is not None or not core.has_ready():
             return
         rd = core.ready()
         self.checker.on_ready(node, rd)
-        for m in rd.messages:
-            self.send(node, m)
-        node.persisting = rd
-        # The disk write completes a little later; the core keeps taking messages meanwhile.
-        self.schedule(self.rng.randrange(4), "persisted", payload)
+        node.batch = Batch(node.executor.carry_out(rd))
+        self._batch_went_on(node, node.batch.run(), payload)
 
     def _ev_persisted(self, payload: tuple[str, int]) -> None:
         node = self._current(payload)
-        if node is None or node.persisting is None:
+        if node is None or node.batch is None:
             return
-        rd, node.persisting = node.persisting, None
-        disk = node.disk
-        if rd.snapshot is not None:
-            data = rd.snapshot.data
-            disk.install(rd.snapshot.meta, data.copy())
-            self.checker.on_snapshot(node, rd.snapshot.meta)
-            node.sm = data.copy()
-            self.stats["installs"] += 1
-            self.log(f"{node.name} installed snapshot {rd.snapshot.meta.index}")
-        if rd.entries:
-            disk.append(rd.entries)
-            self.checker.on_persisted(node)
-        if rd.hard_state is not None:
-            disk.save_hard_state(rd.hard_state)
-        for m in rd.persisted_messages:
-            self.send(node, m)
-        for entry in rd.committed_entries:
-            node.sm.apply(entry)
-            self.checker.on_apply(node, entry)
-            self.on_applied(node, entry)
-        for rs in rd.read_states:
-            if rs.context in node.pending_reads:  # a duplicated answer is ignored
-                node.pending_reads[rs.context] = (rs.index, node.pending_reads[rs.context][1])
-        for ctx in rd.failed_reads:
-            self.reads_failed += 1
-            node.pending_reads.pop(ctx, None)
-            self.checker.read_started.pop(ctx, None)
-        node.core.advance(rd)
+        self._batch_went_on(node, node.batch.write_done(), payload)
+
+    def _batch_went_on(self, node: SimNode, finished: bool, payload: tuple[str, int]) -> None:
+        if not finished:
+            # The fsync completes a little later; the core keeps taking messages meanwhile.
+            self.schedule(self.rng.randrange(4), "persisted", payload)
+            return
+        node.batch = None
         self.serve_reads(node)
         self.kick(node)
 
@@ -453,7 +484,7 @@ class Simulation:
     def take_snapshot(self, node: SimNode, keep: int) -> None:
         core = node.core
         index = node.sm.applied
-        if not node.alive or node.persisting is not None or index <= core.log.snapshot.index:
+        if not node.alive or node.batch is not None or index <= core.log.snapshot.index:
             return
         meta = core.compact(index, keep)
         self.checker.on_snapshot(node, meta)

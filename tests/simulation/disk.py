@@ -3,11 +3,16 @@
 The log and the hard state live in `MemoryStorage`, the project's reference `LogStorage`, so
 every simulated schedule also runs the storage contract the real disk log is checked against.
 Beside it sits the payload of the newest snapshot, in whatever form the harness's state machine
-takes. Only what a carried-out Ready wrote is here: a crash keeps exactly this.
+takes.
+
+`Disk` is itself the storage the runtime's batch executor (node/executor.py) writes through,
+with the durability `LogStorage` documents: appends are buffered until `sync`, the hard state
+and snapshots are durable on return. A crash (`crash`) keeps exactly what was durable.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from flotilla.node.consensus import Entry, HardState, RecoveredState, SnapshotMeta
@@ -18,9 +23,15 @@ class Disk:
     def __init__(self, recovered: RecoveredState | None = None, snapshot_data: Any = None):
         self.log = MemoryStorage()
         self.snapshot_data = snapshot_data
+        self._unsynced: list[Entry] = []  # appended, lost by a crash before the next sync
+        # Told ("persist-entries" | "persist-hard-state" | "persist-snapshot", what) as each
+        # write becomes durable.
+        self.observer: Callable[[str, Any], None] = lambda event, what: None
         if recovered is not None:
             self.log.install_snapshot(recovered.snapshot)
-            self.append(recovered.entries)
+            if recovered.entries:
+                self.log.append(recovered.entries)
+                self.log.sync()
             self.log.save_hard_state(recovered.hard_state)
 
     def recovered(self) -> RecoveredState:
@@ -36,7 +47,7 @@ class Disk:
 
     @property
     def entries(self) -> list[Entry]:
-        """The entries after the snapshot."""
+        """The durable entries after the snapshot."""
         return self.log.recover().entries
 
     def terms(self) -> list[int]:
@@ -52,16 +63,38 @@ class Disk:
         except LookupError:
             return False
 
-    def append(self, entries: tuple[Entry, ...] | list[Entry]) -> None:
-        """An entry whose index is already stored replaces it and everything after it."""
+    def crash(self) -> None:
+        """Lose what was appended and not synced."""
+        self._unsynced = []
+
+    def install(self, meta: SnapshotMeta, data: Any) -> None:
+        """A snapshot of the harness's machine, taken by the member itself, made durable with
+        its payload; the log before it is discarded (so is a tail that does not continue it)."""
+        self.snapshot_data = data
+        self.install_snapshot(meta)
+
+    # --- LogStorage, as the batch executor writes through it -------------------------------
+
+    def append(self, entries: Sequence[Entry]) -> None:
         if entries:
-            self.log.append(entries)
+            first = entries[0].index
+            self._unsynced = [e for e in self._unsynced if e.index < first] + list(entries)
+
+    def sync(self) -> None:
+        entries, self._unsynced = self._unsynced, []
+        if entries:
+            self.log.append(entries)  # an entry already stored replaces it and what follows
             self.log.sync()
+            self.observer("persist-entries", tuple(entries))
 
     def save_hard_state(self, hs: HardState) -> None:
         self.log.save_hard_state(hs)
+        self.observer("persist-hard-state", hs)
 
-    def install(self, meta: SnapshotMeta, data: Any) -> None:
-        """The log before the snapshot is discarded; so is a tail that does not continue it."""
+    def install_snapshot(self, meta: SnapshotMeta) -> None:
+        self.sync()
         self.log.install_snapshot(meta)
-        self.snapshot_data = data
+        self.observer("persist-snapshot", meta)
+
+    def note_commit(self, index: int) -> None:
+        """The commit index is not persisted here (the real log records it lazily)."""
