@@ -37,7 +37,9 @@ from flotilla.node.consensus import (
     Settings,
     SnapshotMeta,
 )
-from flotilla.node.statemachine.kv import KVStateMachine
+from flotilla.node.statemachine import StateMachine
+from flotilla.node.statemachine.factory import MachineFactory
+from flotilla.node.statemachine.store import snapshot_into_store
 from flotilla.node.storage import (
     DataDir,
     DiskStorage,
@@ -97,21 +99,15 @@ def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def _restored_machine(payload) -> KVStateMachine:
-    sm = KVStateMachine()
-    sm.restore(payload)
-    return sm
-
-
-def _checked_machine(open_payload: Callable[[], AbstractContextManager],
-                     what: str) -> KVStateMachine:
+def _checked_machine(machines: MachineFactory, open_payload: Callable[[], AbstractContextManager],
+                     what: str) -> StateMachine:
     """A fresh machine restored from the payload `open_payload()` gives (call it in a worker
     thread: it reads the whole file): a snapshot that came from elsewhere is checked this way
     before it replaces anything. SnapshotRefused when it does not restore (whatever a
-    malformed payload makes the machine raise)."""
+    malformed payload makes the machine raise, or a snapshot of another kind of machine)."""
     try:
         with open_payload() as payload:
-            return _restored_machine(payload)
+            return machines.restored(payload)
     except Exception as exc:
         raise SnapshotRefused(f"{what} does not restore: {exc.__class__.__name__}: "
                               f"{str(exc)[:200]}") from None
@@ -177,7 +173,8 @@ class NodeServer:
         self._client_urls_learned = asyncio.Event()  # set when the configuration gives some
         self._heard_clients: dict[str, str] = {}  # leader: client URLs members reported
         # A received snapshot's file and the machine restored from it when it arrived.
-        self._verified_machine: tuple[Path, KVStateMachine] | None = None
+        self._verified_machine: tuple[Path, StateMachine] | None = None
+        self.machines = MachineFactory(cfg.state_machine)  # --state-machine
         self._proposals: dict[int, _Proposal] = {}
         self._pending_bytes = 0
         self._read_ids = itertools.count(1)
@@ -250,12 +247,12 @@ class NodeServer:
                 assert source is not None, "restore.wanted() disagrees with the data dir"
                 restore.mark(self.datadir.path, cfg)
                 restore.restore(source, self.datadir.path, self.snapshots, self.storage,
-                                membership)
+                                membership, self.machines)
             else:
                 self.storage.install_snapshot(SnapshotMeta(0, 0, membership))
             recovered = self.storage.recover()
-        self.sm = KVStateMachine()
-        found = self.snapshots.load_latest(_restored_machine)  # one read, checked as it goes
+        self.sm = self.machines.new()
+        found = self.snapshots.load_latest(self.machines.restored)  # one read, checked as it goes
         if found is not None:
             latest, self.sm = found
             if latest.meta.index > recovered.snapshot.index:
@@ -274,6 +271,7 @@ class NodeServer:
                 f"{cfg.data_dir}: the log starts after index {recovered.snapshot.index} but no "
                 "snapshot file covers it. Remove the data dir and re-add this member as a learner"
             )
+        self.machines.check_data_dir(self.datadir.path, fsync=cfg.fsync)  # once it is known
         self.applied = self.metrics.applied = recovered.snapshot.index
         self.space.observe(free_bytes(cfg.data_dir))
         settings = Settings(
@@ -700,12 +698,8 @@ class NodeServer:
                 return self._snapshot_doc()
             meta = SnapshotMeta(index, core.log.term(index), core.log.membership_at(index),
                                 core.log.ts(index))
-            frozen = self.sm.freeze()  # applies go on while it is written
-            try:
-                path = await asyncio.to_thread(self.snapshots.save, meta, self.sm.kind,
-                                               frozen.write)
-            finally:
-                frozen.release()
+            # Applies go on while it is written (a frozen overlay, or a forked child).
+            path = await snapshot_into_store(self.snapshots, meta, self.sm)
             # Entries the archive does not have yet stay in the log (the archiver ships them).
             retain = self.archiver.retain_after() if self.archiver is not None else None
             core.compact(index, keep_entries=0 if retain is None else max(0, index - retain))
@@ -778,7 +772,7 @@ class NodeServer:
 
         try:  # restored into a fresh machine before anything relies on it
             machine = await asyncio.to_thread(
-                _checked_machine, lambda: self.snapshots.open_payload(stored.path),
+                _checked_machine, self.machines, lambda: self.snapshots.open_payload(stored.path),
                 f"archived snapshot {key}")
         except SnapshotRefused as exc:
             stored.path.unlink(missing_ok=True)
@@ -809,7 +803,7 @@ class NodeServer:
             # Restored into a fresh machine before it replaces anything: a snapshot that does
             # not restore is refused, and this member keeps running on what it had.
             machine = await asyncio.to_thread(
-                _checked_machine, writer.written_payload,
+                _checked_machine, self.machines, writer.written_payload,
                 f"snapshot {meta.index} (term {meta.term})")
             path = await asyncio.to_thread(writer.commit)
         except BaseException:
@@ -829,9 +823,9 @@ class NodeServer:
         if not isinstance(path, Path):
             raise StorageError("a snapshot to install arrived without its file")
 
-        def restore() -> KVStateMachine:
+        def restore() -> StateMachine:
             with self.snapshots.open_payload(path) as payload:
-                return _restored_machine(payload)
+                return self.machines.restored(payload)
 
         verified, self._verified_machine = self._verified_machine, None
         if verified is not None and verified[0] == path:
