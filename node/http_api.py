@@ -29,12 +29,13 @@ from flotilla.node.consensus import (
     TransferInProgress,
 )
 from flotilla.node.consensus.membership import caught_up
-from flotilla.node.statemachine.kv import encode_delete, encode_put
+from flotilla.node.statemachine.kv import KVStateMachine, encode_delete, encode_put
 from flotilla.node.storage import DiskFullError
 
 from . import tls
 from .alarms import NoSpace
 from .config import MEMBER_NAME, NAME_RULE
+from .machine_api import MachineAPI
 from .server import NodeServer, Overloaded, SnapshotRefused, Unavailable
 from .transport import (
     ADVERTISED,
@@ -392,6 +393,7 @@ class ClientAPI:
     def __init__(self, node: NodeServer) -> None:
         self.node = node
         self.session: aiohttp.ClientSession | None = None
+        self.machine = MachineAPI(self)
 
     def app(self) -> web.Application:
         _quiet_bad_requests()
@@ -410,6 +412,8 @@ class ClientAPI:
             ("PUT", "/v1/config", self.set_config),
             ("POST", "/v1/leader", self.transfer),
             ("POST", "/v1/snapshot", self.snapshot),
+            ("POST", "/v1/command", self.machine.command),
+            ("POST", "/v1/query", self.machine.query),
             ("GET", "/metrics", self.metrics),
             ("GET", "/healthz", self.healthz),
             ("GET", "/readyz", self.readyz),
@@ -581,6 +585,8 @@ class ClientAPI:
     # --- key-value -----------------------------------------------------------------------
 
     async def put(self, request: web.Request) -> web.Response:
+        if not isinstance(self.node.sm, KVStateMachine):
+            return self.machine.not_kv()
         key = self._key(request)
         if isinstance(key, web.Response):
             return key
@@ -602,6 +608,8 @@ class ClientAPI:
         return self._write_answer(result)
 
     async def delete(self, request: web.Request) -> web.Response:
+        if not isinstance(self.node.sm, KVStateMachine):
+            return self.machine.not_kv()
         key = self._key(request)
         if isinstance(key, web.Response):
             return key
@@ -652,6 +660,8 @@ class ClientAPI:
             return await self.node.read_barrier()
 
     async def get(self, request: web.Request) -> web.Response:
+        if not isinstance(self.node.sm, KVStateMachine):
+            return self.machine.not_kv()
         key = self._key(request)
         if isinstance(key, web.Response):
             return key
@@ -669,6 +679,8 @@ class ClientAPI:
                                      "Flotilla-Mod-Index": str(mod_index)})
 
     async def list_keys(self, request: web.Request) -> web.Response:
+        if not isinstance(self.node.sm, KVStateMachine):
+            return self.machine.not_kv()
         limit = _query_whole(request, "limit", 1)
         if isinstance(limit, web.Response):
             return limit
