@@ -15,6 +15,7 @@ from flotilla.node.statemachine.store import StoreTarget, method_for, snapshot_i
 from flotilla.node.storage import DataDirError, SnapshotStore
 
 from flotilla.examples.counter import Counter
+from tests.statemachine.sm_workloads import finish
 
 META = SnapshotMeta(7, 2, Membership(voters=frozenset({"a"})), 1234)
 COUNTER = "flotilla.examples.counter:Counter"
@@ -41,7 +42,7 @@ def test_each_method_writes_the_moment_it_started_into_the_store(tmp_path, metho
     target = StoreTarget(store.begin(META, kv.kind))
     job = start_snapshot(kv, target, method=method)
     kv.apply(500, encode_put("later", b"x", ts=500))  # after the moment: not in the snapshot
-    assert job.wait(30).method == method
+    assert finish(job).method == method
     path = target.publish()
     stored = store.latest()
     assert stored is not None and stored.path == path and stored.kind == "kv"
