@@ -232,6 +232,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--archive-signing-key-file", default=None, metavar="FILE[,FILE...]",
                    help="members sign archive manifests with the key in the first file and "
                         "verify with any (default: $FLOTILLA_ARCHIVE_SIGNING_KEY_FILE)")
+    p.add_argument("--state-machine", default=None, metavar="MODULE:CLASS",
+                   help="the members' replicated state machine (default: the built-in "
+                        "key-value machine); the module must be importable, e.g. "
+                        "flotilla.examples.counter:Counter")
     p.add_argument("--election-timeout-ms", type=_positive, default=1000,
                    help="members' election timeout (default 1000)")
     p.add_argument("--heartbeat-ms", type=_positive, default=100,
@@ -608,7 +612,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         timeout=args.timeout, say=_say, restore_from=args.restore_from,
         restore_index=args.restore_index, restore_time=args.restore_time,
         restore_cluster_id=args.restore_cluster_id, tls=args.tls,
-        signing_key_file=args.archive_signing_key_file)
+        signing_key_file=args.archive_signing_key_file, state_machine=args.state_machine)
     state = cluster.state
     verb = "resumed" if resuming else "started"
     _say(f"{verb} {len(cluster.members)} members in {root} (cluster id {state.cluster_id})")

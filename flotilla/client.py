@@ -63,6 +63,8 @@ __all__ = [
     "normalize_endpoint",
 ]
 
+#: 503 codes that prove a request was refused before anything was done with it.
+_NOT_ACTED_ON = ("no_leader", "overloaded")
 #: What a request can raise when its answer never arrived.
 _TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (OSError, http.client.HTTPException)
 #: ...and, of those, what a server closing an idle keep-alive connection looks like.
@@ -437,6 +439,32 @@ class Client:
         doc = self._call("GET", "/v1/kv", query=query).json()
         return ListResult(int(doc["index"]), list(doc["keys"]))
 
+    # --- any state machine ----------------------------------------------------------------
+
+    def command(self, command: bytes) -> Any:
+        """Propose ``command`` to the cluster's state machine (``POST /v1/command``) and
+        return what its ``apply`` returned. A command carries no exactly-once session, so it
+        is resent only when the cluster proves it was not proposed (no leader yet, overloaded,
+        connection refused); any other failure raises at once, ``Unavailable`` with code
+        ``outcome_unknown`` when it may have been applied (make commands idempotent, e.g.
+        with unique ids, to retry those)."""
+        if not isinstance(command, bytes | bytearray | memoryview):
+            raise TypeError(f"command must be bytes, not {type(command).__name__} (encode it)")
+        return self._call("POST", "/v1/command", bytes(command),
+                          headers={"Content-Type": "application/octet-stream"},
+                          resend=False).json()
+
+    def query(self, request: Any = None, consistency: str = "linearizable") -> Any:
+        """Ask the cluster's state machine ``request`` (any JSON value; ``POST /v1/query``)
+        and return its answer. ``linearizable`` (default) reflects every command acknowledged
+        before the call; ``serializable`` answers from the member's local state."""
+        if consistency not in ("linearizable", "serializable"):
+            raise ValueError("consistency is 'linearizable' or 'serializable'")
+        query = {} if consistency == "linearizable" else {"consistency": consistency}
+        body = json.dumps(request).encode()
+        return self._call("POST", "/v1/query", body, query=query,
+                          headers={"Content-Type": "application/json"}).json()
+
     # --- admin ----------------------------------------------------------------------------
 
     def status(self, endpoint: str | None = None) -> dict[str, Any]:
@@ -556,11 +584,14 @@ class Client:
         deadline: float | None = None,
         prefer_leader: bool | None = None,
         attempts: list[int] | None = None,
+        resend: bool = True,
     ) -> _Answer:
         """Send until an answer that is not worth retrying, or until time or retries run out.
 
         ``only`` pins the call to one member. ``attempts`` (out) collects attempt numbers, so a
-        caller can tell whether the answer it got was to a re-send.
+        caller can tell whether the answer it got was to a re-send. ``resend=False`` (a request
+        that must not be applied twice): resend only what was surely not acted on (a refused
+        connection, a 503 ``no_leader`` or ``overloaded``), else raise at once.
         """
         target = path + ("?" + urlencode(query, quote_via=quote) if query else "")
         all_headers = dict(headers or {})
@@ -597,6 +628,10 @@ class Client:
                     answer = self._exchange(url, method, target, body, all_headers,
                                             min(remaining, self.timeout))
                 except _TRANSPORT_ERRORS as exc:
+                    if not resend and not isinstance(exc, ConnectionRefusedError):
+                        raise Unavailable(f"{method} {path}: {url} did not answer "
+                                          f"({_describe(exc)}); whether it was acted on is "
+                                          "unknown", code="outcome_unknown") from None
                     last = f"{url} did not answer: {_describe(exc)}"
                     failed.add(url)
                     if isinstance(exc, ConnectionRefusedError):
@@ -616,7 +651,8 @@ class Client:
                     refused.discard(url)
                     if answer.status in ok:
                         return answer
-                    if answer.status != 503:
+                    if answer.status != 503 or (not resend
+                                                and _code(answer) not in _NOT_ACTED_ON):
                         raise _error_from(answer)
                     last = f"{url} answered 503: {_sentence(answer)}"
                     self._forget_target()

@@ -47,6 +47,7 @@ __all__ = [
     "DEFAULT_DIR",
     "SIGNING_KEY_FLAG",
     "STATE_FILE",
+    "STATE_MACHINE_FLAG",
     "TLS_DIR",
     "TOKEN_FILE",
     "AlreadyRunning",
@@ -76,6 +77,8 @@ STATE_FILE = "cluster.json"
 TOKEN_FILE = "admin-token"
 #: Members of a cluster all sign and verify archive manifests with the same key files.
 SIGNING_KEY_FLAG = "--archive-signing-key-file"
+#: Every member of a cluster runs the same state machine (`module:Class`; none: the built-in).
+STATE_MACHINE_FLAG = "--state-machine"
 #: `up --tls`: the cluster's own CA and one certificate per member, under DIR/tls/.
 TLS_DIR = "tls"
 CA_CERT, CA_KEY = "ca.crt", "ca.key"
@@ -448,13 +451,15 @@ class LocalCluster:
         restore_cluster_id: str | None = None,
         tls: bool = False,
         signing_key_file: str | None = None,
+        state_machine: str | None = None,
     ) -> LocalCluster:
         """Write the state file of a new cluster (nothing is started). ``archive`` None means
         the default archive under ``root``; ``base_port`` pins ports (peers at base+i, clients
         at base+10+i) instead of picking free ones. ``restore_time`` is in ms since the
         epoch. ``tls`` makes the cluster's CA and every member's certificate under DIR/tls/
         and runs the members with TLS on both ports. ``signing_key_file`` (absolute paths, see
-        `signing_keys`) goes to every member."""
+        `signing_keys`) goes to every member, and so does ``state_machine`` (`module:Class`,
+        importable by the members)."""
         if not 1 <= replicas <= (10 if base_port else 99):
             raise LocalClusterError(f"--replicas must be between 1 and "
                                     f"{10 if base_port else 99}, not {replicas}")
@@ -509,6 +514,8 @@ class LocalCluster:
                 args += tls_args(root, name)
             if signing_key_file:
                 args += [SIGNING_KEY_FLAG, signing_key_file]
+            if state_machine:
+                args += [STATE_MACHINE_FLAG, state_machine]
             if restore_from:  # only read on the first start, when the data dir is empty
                 args += ["--restore-from", restore_from]
                 if restore_cluster_id is not None:
@@ -758,7 +765,7 @@ class LocalCluster:
                     on_wait()
                 waiting = [n for n in waiting if self.member_status(n, timeout=0.5) is None]
                 try:
-                    client.list(limit=1)
+                    self._linearizable_read(client)
                     leader = client.status()["name"]
                     if not waiting:
                         return leader
@@ -770,6 +777,19 @@ class LocalCluster:
                         f"no leader served a read within {timeout:g}s (last: {last}); see the "
                         f"member logs in {self.root}")
                 time.sleep(0.1)
+
+    def _linearizable_read(self, client: Client) -> None:
+        """One linearizable read of the cluster's machine: a key listing for the built-in
+        one, a query for a user's (one it refuses, 400 bad_query, was answered after the
+        read barrier all the same)."""
+        if not self.members or self.members[0].flag(STATE_MACHINE_FLAG) is None:
+            client.list(limit=1)
+            return
+        try:
+            client.query(None)
+        except FlotillaError as exc:
+            if exc.code != "bad_query":
+                raise
 
     def exit_code(self, name: str) -> int | None:
         """How `name` last exited, if this object started it and it has exited."""
@@ -858,6 +878,7 @@ def up(
     restore_cluster_id: str | None = None,
     tls: bool = False,
     signing_key_file: str | None = None,
+    state_machine: str | None = None,
 ) -> tuple[LocalCluster, str]:
     """Start the cluster in ``root`` (a new one, or the stopped one recorded there) and return
     it with its leader's name once a leader serves a linearizable read. A new cluster with
@@ -871,6 +892,8 @@ def up(
     archived cluster when the archive holds several. ``cluster.restored`` says what it
     restored. ``signing_key_file`` (`--archive-signing-key-file`, else its environment
     variable) signs and verifies archive manifests, the restore's included.
+    ``state_machine`` (`module:Class`) is the members' `--state-machine`; a spec the members
+    could not load is BadOption before any of them starts.
     """
     if restore_index is not None and restore_time is not None:
         raise BadOption("give --restore-index or --restore-time, not both: each picks the "
@@ -882,13 +905,28 @@ def up(
     if given and restore_from is None:
         raise BadOption(f"{given[0]} needs --restore-from: the archive to restore from")
     signing_key_file = signing_keys(signing_key_file)
+    state_machine = state_machine_spec(state_machine)
     with locked(root):
         return _up(Path(root), replicas, election_timeout_ms=election_timeout_ms,
                    heartbeat_ms=heartbeat_ms, archive=archive, base_port=base_port,
                    timeout=timeout, say=say, restore_from=restore_from,
                    restore_index=restore_index, restore_time=restore_time,
                    restore_cluster_id=restore_cluster_id, tls=tls,
-                   signing_key_file=signing_key_file)
+                   signing_key_file=signing_key_file, state_machine=state_machine)
+
+
+def state_machine_spec(spec: str | None) -> str | None:
+    """`--state-machine`, loaded here once as each member will load it (BadOption, exit 2,
+    when it cannot be); None for the built-in key-value machine."""
+    from flotilla.node.statemachine import StateMachineLoadError, load_state_machine
+
+    if spec is None or spec.strip() in ("", "kv"):
+        return None
+    try:
+        load_state_machine(spec.strip())
+    except StateMachineLoadError as exc:
+        raise BadOption("--state-machine: " + " ".join(str(exc).split())) from None
+    return spec.strip()
 
 
 def signing_keys(text: str | None) -> str | None:
@@ -913,7 +951,8 @@ def _up(root: Path, replicas: int, *, election_timeout_ms: int, heartbeat_ms: in
         restore_index: int | None = None, restore_time: int | None = None,
         restore_cluster_id: str | None = None,
         tls: bool = False,
-        signing_key_file: str | None = None) -> tuple[LocalCluster, str]:
+        signing_key_file: str | None = None,
+        state_machine: str | None = None) -> tuple[LocalCluster, str]:
     if LocalCluster.exists(root):
         cluster = LocalCluster.load(root)
         running = cluster.alive()
@@ -923,7 +962,7 @@ def _up(root: Path, replicas: int, *, election_timeout_ms: int, heartbeat_ms: in
                 f"{', '.join(f'{n} pid {cluster.member(n).pid}' for n in running)}); "
                 f"`flotilla status --dir {root}` shows it, `flotilla down --dir {root}` stops it")
         _resume_notes(cluster, replicas, election_timeout_ms, heartbeat_ms, archive, tls, say,
-                      signing_key_file)
+                      signing_key_file, state_machine)
         if read_token(root) is None and node_accepts_flag("--admin-token"):
             # Made before `up` generated a token: its members would each generate their own
             # in their data dirs, which the other commands do not read.
@@ -955,7 +994,8 @@ def _up(root: Path, replicas: int, *, election_timeout_ms: int, heartbeat_ms: in
                                       restore_index=restore_index, restore_time=restore_time,
                                       restore_cluster_id=restore_cluster_id,
                                       tls=tls,
-                                      signing_key_file=signing_key_file)
+                                      signing_key_file=signing_key_file,
+                                      state_machine=state_machine)
         cluster.restored = target
         try:
             cluster.start()
@@ -1021,7 +1061,8 @@ def _show_restore(cluster: LocalCluster, bar: Bar) -> Callable[[], None]:
 
 def _resume_notes(cluster: LocalCluster, replicas: int, election_timeout_ms: int,
                   heartbeat_ms: int, archive: str | None, tls: bool,
-                  say: Callable[[str], None], signing_key_file: str | None = None) -> None:
+                  say: Callable[[str], None], signing_key_file: str | None = None,
+                  state_machine: str | None = None) -> None:
     """Say which options of this `up` a stopped cluster does not take: it resumes exactly as
     it first ran, and says how to start over instead."""
     root, state = cluster.root, cluster.state
@@ -1042,6 +1083,9 @@ def _resume_notes(cluster: LocalCluster, replicas: int, election_timeout_ms: int
     if signing_key_file != recorded:
         say(f"note: resuming with the original {SIGNING_KEY_FLAG} ({recorded or 'none'}); "
             f"{anew}")
+    machine = cluster.members[0].flag(STATE_MACHINE_FLAG)
+    if state_machine is not None and state_machine != machine:
+        say(f"note: resuming with the original state machine ({machine or 'kv'}); {anew}")
 
 
 def _forget(cluster: LocalCluster) -> None:

@@ -21,6 +21,7 @@ from flotilla.client import FlotillaError
 from flotilla.local import (
     HOST,
     SIGNING_KEY_FLAG,
+    STATE_MACHINE_FLAG,
     LocalCluster,
     LocalClusterError,
     Member,
@@ -189,6 +190,9 @@ def _joining_member(cluster: LocalCluster, name: str, peer: int, client: int) ->
     key_files = state.members[0].flag(SIGNING_KEY_FLAG) if state.members else None
     if key_files:  # it signs what it archives once it leads, as the others do
         args += [SIGNING_KEY_FLAG, key_files]
+    machine = state.members[0].flag(STATE_MACHINE_FLAG) if state.members else None
+    if machine:  # it replicates the same machine as the others
+        args += [STATE_MACHINE_FLAG, machine]
     if state.tls:
         issue_member_certificate(cluster.root, name)
         args += tls_args(cluster.root, name)

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from flotilla.node.consensus import Membership, RaftCore, Settings, SnapshotMeta
+from flotilla.node.statemachine import StateMachine
+from flotilla.node.statemachine.factory import MachineFactory
 from flotilla.node.storage import (
     DataDir,
     DiskStorage,
@@ -31,7 +33,6 @@ from flotilla.node.storage.fsutil import make_private, write_atomic
 from . import restore
 from .config import MIN_TOKEN_BYTES, NodeConfig
 from .runtime import wall_clock_ms
-from .snapshotting import new_machine, restored_machine
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,8 @@ class Opened:
     storage: DiskStorage
     store: SnapshotStore
     core: RaftCore
-    machine: Any
+    machines: MachineFactory  # --state-machine
+    machine: StateMachine
     applied: int
     latest: StoredSnapshot | None
     admin_token_file: Path | None  # the generated token's file, when none was given
@@ -107,6 +109,7 @@ def _open_locked(cfg: NodeConfig, lock: Any, source: restore.Source | None) -> O
     if make_private(datadir.path):  # only once storage found nothing to refuse
         log.info("closed %s to other users (mode 0700)", datadir.path)
     store = SnapshotStore(datadir.snapshot_dir, fsync=cfg.fsync)
+    machines = MachineFactory(cfg.state_machine)
     recovered = storage.recover()
     membership = Membership(voters=frozenset(cfg.initial_cluster),
                             addresses=tuple(sorted(cfg.initial_cluster.items())))
@@ -117,13 +120,13 @@ def _open_locked(cfg: NodeConfig, lock: Any, source: restore.Source | None) -> O
         if cfg.restore_from:
             assert source is not None, "restore.wanted() disagrees with the data dir"
             restore.mark(datadir.path, cfg)
-            restore.restore(source, datadir.path, store, storage, membership)
+            restore.restore(source, datadir.path, store, storage, membership, machines)
         else:
             storage.install_snapshot(SnapshotMeta(0, 0, membership))
         recovered = storage.recover()
-    machine: Any = new_machine()
+    machine = machines.new()
     latest = None
-    found = store.load_latest(restored_machine)  # one read, checked as it goes
+    found = store.load_latest(machines.restored)  # one read, checked as it goes
     if found is not None:
         latest, machine = found
         if latest.meta.index > recovered.snapshot.index:
@@ -141,6 +144,7 @@ def _open_locked(cfg: NodeConfig, lock: Any, source: restore.Source | None) -> O
             f"{cfg.data_dir}: the log starts after index {recovered.snapshot.index} but no "
             "snapshot file covers it. Remove the data dir and re-add this member as a learner"
         )
+    machines.check_data_dir(datadir.path, fsync=cfg.fsync)  # once its state is known
     settings = Settings(
         rng=random.Random(),  # a member's own timeouts need no reproducibility
         election_ticks=cfg.election_ticks,
@@ -157,5 +161,5 @@ def _open_locked(cfg: NodeConfig, lock: Any, source: restore.Source | None) -> O
         write_admission(datadir.path, core.admission, fsync=cfg.fsync)
     elif admission is not None:
         core.await_admission(admission)
-    return Opened(cfg, lock, datadir, storage, store, core, machine,
+    return Opened(cfg, lock, datadir, storage, store, core, machines, machine,
                   recovered.snapshot.index, latest, token_file)

@@ -19,6 +19,7 @@ from flotilla.node.archive.sse import S3Encryption
 from flotilla.node.archive.timeindex import parse_time
 from flotilla.node.archive.urls import parse_archive_url
 from flotilla.node.snapshot_policy import SnapshotPolicy, parse_size
+from flotilla.node.statemachine.protocol import StateMachineLoadError, load_state_machine
 
 DEFAULT_MAX_VALUE_BYTES = 1 << 20
 #: The shortest admin token a member accepts (etcd-grade secrets are 32 random bytes).
@@ -71,6 +72,8 @@ class NodeConfig:
     peer_trusted_ca_file: str | None = None
     fsync: bool = True
     max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES
+    # The replicated state machine: `module:Class`, or `kv` for the built-in key-value machine.
+    state_machine: str = "kv"
 
     @property
     def election_ticks(self) -> int:
@@ -133,6 +136,9 @@ FLAGS: list[tuple[str, dict]] = [
                                         "certificate it signed"}),
     ("--fsync", {"help": "true (default) or false: acknowledge only what is on disk"}),
     ("--max-value-bytes", {"help": "largest value a client may write (default 1 MiB)"}),
+    ("--state-machine", {"help": "the replicated state machine, module:Class (importable: "
+                                 "installed or on PYTHONPATH); default kv, the built-in "
+                                 "key-value machine"}),
 ]
 
 
@@ -214,6 +220,7 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> NodeConf
     if restore_index is not None:
         restore_index = _positive_int(restore_index, "--restore-index", 1)
     restore_time = _restore_time(raw["restore_time"], raw["restore_from"], restore_index)
+    state_machine = _state_machine(raw["state_machine"])
     return NodeConfig(
         name=raw["name"],
         data_dir=raw["data_dir"],
@@ -247,7 +254,19 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> NodeConf
         fsync=_bool(raw["fsync"], "--fsync"),
         max_value_bytes=_positive_int(raw["max_value_bytes"], "--max-value-bytes",
                                       DEFAULT_MAX_VALUE_BYTES),
+        state_machine=state_machine,
     )
+
+
+def _state_machine(spec: str | None) -> str:
+    """The `--state-machine` spec, loaded once to check it (its module imported, the class
+    made): a spec that cannot work is a usage error, on one line."""
+    spec = (spec or "kv").strip()
+    try:
+        load_state_machine(spec)
+    except StateMachineLoadError as exc:
+        raise UsageError("--state-machine: " + " ".join(str(exc).split())) from None
+    return spec
 
 
 def _tls(raw: dict) -> dict:

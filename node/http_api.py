@@ -27,12 +27,13 @@ from flotilla.node.consensus import (
     ProposalError,
     TransferInProgress,
 )
-from flotilla.node.statemachine.kv import encode_delete, encode_put
+from flotilla.node.statemachine.kv import KVStateMachine, encode_delete, encode_put
 from flotilla.node.storage import DiskFullError
 
 from . import tls
 from .alarms import NoSpace
 from .config import MEMBER_NAME, NAME_RULE
+from .machine_api import MachineAPI
 from .node import Node, Overloaded, Refused, SnapshotRefused, Unavailable
 from .transport import (
     CLUSTER_HEADER,
@@ -393,6 +394,7 @@ class ClientAPI:
     def __init__(self, node: Node) -> None:
         self.node = node
         self.session: aiohttp.ClientSession | None = None
+        self.machine = MachineAPI(self)
 
     def app(self) -> web.Application:
         _quiet_bad_requests()
@@ -411,6 +413,8 @@ class ClientAPI:
             ("PUT", "/v1/config", self.set_config),
             ("POST", "/v1/leader", self.transfer),
             ("POST", "/v1/snapshot", self.snapshot),
+            ("POST", "/v1/command", self.machine.command),
+            ("POST", "/v1/query", self.machine.query),
             ("GET", "/metrics", self.metrics),
             ("GET", "/healthz", self.healthz),
             ("GET", "/readyz", self.readyz),
@@ -582,6 +586,8 @@ class ClientAPI:
     # --- key-value -----------------------------------------------------------------------
 
     async def put(self, request: web.Request) -> web.Response:
+        if not isinstance(self.node.machine, KVStateMachine):
+            return self.machine.not_kv()
         key = self._key(request)
         if isinstance(key, web.Response):
             return key
@@ -603,6 +609,8 @@ class ClientAPI:
         return self._write_answer(result)
 
     async def delete(self, request: web.Request) -> web.Response:
+        if not isinstance(self.node.machine, KVStateMachine):
+            return self.machine.not_kv()
         key = self._key(request)
         if isinstance(key, web.Response):
             return key
@@ -653,6 +661,8 @@ class ClientAPI:
             return await self.node.read_barrier()
 
     async def get(self, request: web.Request) -> web.Response:
+        if not isinstance(self.node.machine, KVStateMachine):
+            return self.machine.not_kv()
         key = self._key(request)
         if isinstance(key, web.Response):
             return key
@@ -670,6 +680,8 @@ class ClientAPI:
                                      "Flotilla-Mod-Index": str(mod_index)})
 
     async def list_keys(self, request: web.Request) -> web.Response:
+        if not isinstance(self.node.machine, KVStateMachine):
+            return self.machine.not_kv()
         limit = _query_whole(request, "limit", 1)
         if isinstance(limit, web.Response):
             return limit

@@ -84,8 +84,9 @@ class Node:
             election_timeout_s=cfg.election_timeout_ms / 1000, metrics=self.metrics,
             space=self.space, data_dir=cfg.data_dir,
             save_admission=lambda state: write_admission(datadir, state, fsync=cfg.fsync))
+        self.machines = opened.machines
         self.snapshots = runtime.snapshots = Snapshotter(
-            runtime, opened.store, cfg.snapshot_policy, opened.latest)
+            runtime, opened.store, opened.machines, cfg.snapshot_policy, opened.latest)
         if runtime.core.admission is not None:
             runtime.log_admission(runtime.core.admission, at_start=True)
         if cfg.archive:

@@ -42,7 +42,7 @@ from flotilla.node.archive import (
 )
 from flotilla.node.archive.restore import resolve_cluster_id
 from flotilla.node.consensus import EntryKind, Membership, SnapshotMeta
-from flotilla.node.statemachine.kv import KVStateMachine
+from flotilla.node.statemachine.factory import MachineFactory
 from flotilla.node.storage import DiskStorage, SnapshotStore, StorageError
 from flotilla.node.storage.datadir import read_identity
 
@@ -158,9 +158,12 @@ def mark(data_dir: Path, cfg: NodeConfig) -> None:
 
 
 def restore(source: Source, data_dir: Path, snapshots: SnapshotStore, storage: DiskStorage,
-            membership: Membership) -> SnapshotMeta:
-    """Rebuild the state at `source.index` into this member's first snapshot; returns its
-    metadata. Raises ArchiveError (nothing usable in the archive) or StorageError."""
+            membership: Membership, machines: MachineFactory | None = None) -> SnapshotMeta:
+    """Rebuild the state at `source.index` into this member's first snapshot, replaying
+    through the machine `machines` makes (default: the key-value machine); returns its
+    metadata. Raises ArchiveError (nothing usable in the archive) or StorageError (a
+    MachineMismatch when the archive holds another kind of machine's snapshots)."""
+    machines = machines or MachineFactory()
     cluster = source.cluster
     work = data_dir / "restore-work"
     progress = ProgressFile(data_dir / PROGRESS)
@@ -171,10 +174,11 @@ def restore(source: Source, data_dir: Path, snapshots: SnapshotStore, storage: D
         plan = prepared.plan
         log.info("restoring cluster %s from %s: %s", cluster.cluster_id, cluster.url,
                  plan.describe())
-        sm = KVStateMachine()
         if prepared.snapshot_path is not None:
             with snapshots.open_payload(prepared.snapshot_path) as payload:
-                sm.restore(payload)
+                sm = machines.restored(payload)
+        else:
+            sm = machines.new()
         replayed, to_replay = 0, plan.index - plan.base_index
         progress("replay", 0, to_replay, "entries")
         # The time of the restored index: the new cluster's log goes on from there.
@@ -188,11 +192,7 @@ def restore(source: Source, data_dir: Path, snapshots: SnapshotStore, storage: D
                 progress("replay", replayed, to_replay, "entries")
         progress("replay", replayed, to_replay, "entries")
         meta = SnapshotMeta(plan.index, 0, membership, ts_ms)
-        frozen = sm.freeze()
-        try:
-            snapshots.save(meta, sm.kind, frozen.write)
-        finally:
-            frozen.release()
+        snapshots.save(meta, sm.kind, sm.write_snapshot)  # nothing applies meanwhile
         storage.install_snapshot(meta)
         log.info("restored the state at index %d, stamped %s (%d entries replayed after the "
                  "snapshot)", plan.index, format_ms(ts_ms) if ts_ms else "at an unknown time",

@@ -20,7 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 from flotilla.node.archive import ArchiveError, SnapshotRecord
 from flotilla.node.consensus import Entry, Message, Snapshot
-from flotilla.node.statemachine.kv import KVStateMachine
+from flotilla.node.statemachine import StateMachine
+from flotilla.node.statemachine.factory import MachineFactory
+from flotilla.node.statemachine.store import snapshot_into_store
 from flotilla.node.storage import SnapshotStore, StorageError, StoredSnapshot
 from flotilla.node.storage.space import disk_full
 
@@ -40,26 +42,15 @@ class SnapshotRefused(ValueError):
     """A snapshot a peer sent does not restore; nothing was replaced."""
 
 
-def new_machine() -> KVStateMachine:
-    """The member's state machine, empty."""
-    return KVStateMachine()
-
-
-def restored_machine(payload) -> KVStateMachine:
-    """A machine restored from a snapshot payload (a readable stream)."""
-    sm = new_machine()
-    sm.restore(payload)
-    return sm
-
-
-def checked_machine(open_payload: Callable[[], AbstractContextManager], what: str) -> Any:
+def checked_machine(machines: MachineFactory, open_payload: Callable[[], AbstractContextManager],
+                    what: str) -> StateMachine:
     """A fresh machine restored from the payload `open_payload()` gives (call it in a worker
     thread: it reads the whole file): a snapshot that came from elsewhere is checked this way
     before it replaces anything. SnapshotRefused when it does not restore (whatever a
-    malformed payload makes the machine raise)."""
+    malformed payload makes the machine raise, or a snapshot of another kind of machine)."""
     try:
         with open_payload() as payload:
-            return restored_machine(payload)
+            return machines.restored(payload)
     except Exception as exc:
         raise SnapshotRefused(f"{what} does not restore: {exc.__class__.__name__}: "
                               f"{str(exc)[:200]}") from None
@@ -83,10 +74,11 @@ async def _wait_until(done: Callable[[], bool], event: asyncio.Event, timeout: f
 
 
 class Snapshotter:
-    def __init__(self, runtime: Runtime, store: SnapshotStore, policy: SnapshotPolicy,
-                 latest: StoredSnapshot | None) -> None:
+    def __init__(self, runtime: Runtime, store: SnapshotStore, machines: MachineFactory,
+                 policy: SnapshotPolicy, latest: StoredSnapshot | None) -> None:
         self.runtime = runtime
         self.store = store
+        self.machines = machines  # --state-machine
         self.policy = policy
         self.metrics = runtime.metrics
         self._busy = False
@@ -147,11 +139,8 @@ class Snapshotter:
                 return self.document()
             meta = core.snapshot_meta(index)
             machine = runtime.machine
-            frozen = machine.freeze()  # applies go on while it is written
-            try:
-                path = await asyncio.to_thread(self.store.save, meta, machine.kind, frozen.write)
-            finally:
-                frozen.release()
+            # Applies go on while it is written (a frozen overlay, or a forked child).
+            path = await snapshot_into_store(self.store, meta, machine)
             # Entries the archive does not have yet stay in the log (the archiver ships them).
             archiver = runtime.archiver
             retain = archiver.retain_after() if archiver is not None else None
@@ -239,7 +228,7 @@ class Snapshotter:
 
         try:  # restored into a fresh machine before anything relies on it
             machine = await asyncio.to_thread(
-                checked_machine, lambda: self.store.open_payload(stored.path),
+                checked_machine, self.machines, lambda: self.store.open_payload(stored.path),
                 f"archived snapshot {key}")
         except SnapshotRefused as exc:
             stored.path.unlink(missing_ok=True)
@@ -263,7 +252,7 @@ class Snapshotter:
             # Restored into a fresh machine before it replaces anything: a snapshot that does
             # not restore is refused, and this member keeps running on what it had.
             machine = await asyncio.to_thread(
-                checked_machine, writer.written_payload,
+                checked_machine, self.machines, writer.written_payload,
                 f"snapshot {meta.index} (term {meta.term})")
             path = await asyncio.to_thread(writer.commit)
         except BaseException:
@@ -284,9 +273,9 @@ class Snapshotter:
         if not isinstance(path, Path):
             raise StorageError("a snapshot to install arrived without its file")
 
-        def restore() -> Any:
+        def restore() -> StateMachine:
             with self.store.open_payload(path) as payload:
-                return restored_machine(payload)
+                return self.machines.restored(payload)
 
         verified, self._verified = self._verified, None
         if verified is not None and verified[0] == path:

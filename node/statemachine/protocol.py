@@ -112,6 +112,11 @@ def load_state_machine(spec: str) -> StateMachine:
             f"cannot import module {module_name!r} for state machine {spec!r}: {exc}; "
             "is it installed, or on PYTHONPATH?"
         ) from exc
+    except Exception as exc:  # a SyntaxError, or the module's own code failing
+        raise StateMachineLoadError(
+            f"importing module {module_name!r} for state machine {spec!r} failed: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
     for part in attr_path.split("."):
         try:
             obj = getattr(obj, part)

@@ -47,7 +47,6 @@ import contextlib
 import gc
 import hashlib
 import os
-import select
 import signal
 import threading
 import time
@@ -223,18 +222,6 @@ class SnapshotJob:
     @property
     def done(self) -> bool:
         return self._result is not None or self._error is not None
-
-    def wait(self, timeout: float | None = None) -> SnapshotResult:
-        """Block until done (for tests and tools; the runtime polls). TimeoutError if not."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            result = self.poll()
-            if result is not None:
-                return result
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                raise TimeoutError("snapshot still running")
-            select.select([self.fileno()], [], [], remaining)
 
     def cancel(self) -> None:
         """Stop the job if it still runs, and discard the target. A job that already succeeded

@@ -167,6 +167,7 @@ class SnapshotWriter:
         self._file.write(self._header)
         self._crc = 0
         self._size = 0
+        self._sealed = False
         self.closed = False
 
     def writable(self) -> bool:
@@ -191,27 +192,53 @@ class SnapshotWriter:
 
     def commit(self) -> Path:
         """Make the snapshot durable and visible, then remove older ones. Returns its path."""
+        try:
+            self.seal()
+        except BaseException:
+            self.abort()
+            raise
+        return self.publish()
+
+    def seal(self) -> dict[str, int]:
+        """Finish the file (payload length, trailer) and make it durable, but not visible.
+        It touches only this writer's file, so it may run in a thread or a forked child that
+        wrote the payload (`flotilla.node.statemachine.snapshots`), while `publish` runs in
+        the member. Returns the payload's size and CRC32."""
+        if self.closed or self._sealed:
+            raise ValueError("snapshot writer is already sealed, committed or aborted")
+        self._sealed = True  # a failure leaves the file to `abort`
+        header = encode_header(self.meta, self.kind, self._size)
+        self._file.seek(len(header) - _LENGTH.size)
+        self._file.write(_LENGTH.pack(self._size))
+        self._file.seek(0, io.SEEK_END)
+        self._file.write(_TRAILER.pack(zlib.crc32(header), self._crc, END_MAGIC))
+        self._file.flush()
+        if self._store.fsync:
+            os.fsync(self._file.fileno())
+        return {"size": self._size, "crc32": self._crc}
+
+    def publish(self) -> Path:
+        """Rename the sealed file into place and remove older snapshots. The seal may have
+        run in a forked child: this writer then only closes its copy of the file."""
         if self.closed:
             raise ValueError("snapshot writer is already committed or aborted")
         self.closed = True
         try:
-            header = encode_header(self.meta, self.kind, self._size)
-            self._file.seek(len(header) - _LENGTH.size)
-            self._file.write(_LENGTH.pack(self._size))
-            self._file.seek(0, io.SEEK_END)
-            self._file.write(_TRAILER.pack(zlib.crc32(header), self._crc, END_MAGIC))
-            self._file.flush()
-            if self._store.fsync:
-                os.fsync(self._file.fileno())
             self._file.close()
             os.replace(self.temp_path, self.final_path)
         except BaseException:
             self._discard()
+            self._store._finished(self, committed=False)
             raise
         if self._store.fsync:
             fsync_dir(self._store.directory)
         self._store._finished(self, committed=True)
         return self.final_path
+
+    def flush(self) -> None:
+        """Write out what is buffered (the header): before a fork, so that parent and child
+        do not both hold it."""
+        self._file.flush()
 
     def abort(self) -> None:
         """Throw the unfinished snapshot away (idempotent)."""

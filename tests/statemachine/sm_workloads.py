@@ -8,6 +8,10 @@ behind), clients retry old sequence numbers, compare-and-set guesses right and w
 
 from __future__ import annotations
 
+import select
+import time
+
+from flotilla.node.statemachine import SnapshotJob, SnapshotResult
 from flotilla.node.statemachine.kv import KVStateMachine, encode_delete, encode_put
 from hypothesis import strategies as st
 
@@ -60,3 +64,15 @@ def replay(entries: list[tuple[int, bytes]], kv: KVStateMachine | None = None) -
     for index, command in entries:
         kv.apply(index, command)
     return kv
+
+
+def finish(job: SnapshotJob, timeout: float = 30) -> SnapshotResult:
+    """Block until `job` is done, as the member's loop waits on it (its descriptor, then
+    `poll()` on this thread); TimeoutError if it is not done in `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while (result := job.poll()) is None:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("snapshot still running")
+        select.select([job.fileno()], [], [], remaining)
+    return result

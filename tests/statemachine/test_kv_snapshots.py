@@ -22,7 +22,7 @@ from flotilla.node.statemachine import (
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.statemachine.sm_workloads import machine, replay, workloads
+from tests.statemachine.sm_workloads import finish, machine, replay, workloads
 
 SETTINGS = settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
@@ -86,7 +86,7 @@ def test_concurrent_methods_write_the_same_bytes_as_a_plain_snapshot_of_that_mom
     offset = kv.applied_index
     for index, command in during:  # applied while the snapshot may still be in progress
         kv.apply(offset + index, command)
-    result = job.wait(timeout=30)
+    result = finish(job)
     assert result.method == method
     assert path.read_bytes() == expected
     kv.check_invariants()
@@ -146,7 +146,7 @@ def test_applies_during_a_fork_snapshot_are_live_but_not_in_it(tmp_path):
     job = start_snapshot(kv, FileTarget(tmp_path / "s"), method="fork")
     for i in range(2001, 3001):
         kv.apply(i, encode_put(f"k{i - 2000:05d}", b"after", ts=i))
-    job.wait(timeout=30)
+    finish(job)
     assert (tmp_path / "s").read_bytes() == at_fork
     assert kv.get("k00001") == (b"after", 2001)
 

@@ -23,6 +23,8 @@ from flotilla.node.statemachine import (
     start_snapshot,
 )
 
+from tests.statemachine.sm_workloads import finish
+
 
 class Counter:
     """A user's machine: no freeze(), so only fork and sync apply to it."""
@@ -117,7 +119,7 @@ def test_a_user_machine_is_snapshotted_by_fork_and_sync(tmp_path):
     for method in ("fork", "sync"):
         job = start_snapshot(counter, FileTarget(tmp_path / method), method=method)
         counter.apply(11, b"1000")  # after the moment of the snapshot
-        result = job.wait(timeout=30)
+        result = finish(job)
         copy = Counter()
         with open(result.facts["path"], "rb") as stream:
             restore_snapshot(copy, stream, "counter")
@@ -128,7 +130,7 @@ def test_a_user_machine_is_snapshotted_by_fork_and_sync(tmp_path):
 @pytest.mark.parametrize("method", ["fork", "overlay", "sync"])
 def test_file_target_facts_describe_the_file(tmp_path, method):
     kv = kv_with(100)
-    result = start_snapshot(kv, FileTarget(tmp_path / "s"), method=method).wait(timeout=30)
+    result = finish(start_snapshot(kv, FileTarget(tmp_path / "s"), method=method))
     data = (tmp_path / "s").read_bytes()
     assert result.method == method
     assert result.facts == {
@@ -146,7 +148,7 @@ def test_a_target_that_buffered_a_header_is_written_once_and_sealed(tmp_path, me
     kv = kv_with(10)
     target = FramedTarget(tmp_path / "s")
     assert isinstance(target, SnapshotTarget)
-    result = start_snapshot(kv, target, method=method).wait(timeout=30)
+    result = finish(start_snapshot(kv, target, method=method))
     target.file.close()  # the member's copy: after a fork it must hold nothing left to write
     payload = io.BytesIO()
     kv.write_snapshot(payload)
@@ -171,7 +173,7 @@ def test_a_failing_writer_is_reported_and_its_target_discarded(tmp_path, method)
     path = tmp_path / "s"
     job = start_snapshot(Broken(), FileTarget(path), method=method)
     with pytest.raises(SnapshotError, match="disk on fire"):
-        job.wait(timeout=30)
+        finish(job)
     assert not path.exists()
     with pytest.raises(SnapshotError):  # and it keeps saying so
         job.poll()
@@ -183,7 +185,7 @@ def test_a_failing_overlay_writer_is_reported_and_the_machine_released(tmp_path)
     job = start_snapshot(kv, FileTarget(tmp_path / "s"), method="overlay")
     kv.apply(2, encode_put("k", b"during", ts=2))
     with pytest.raises(SnapshotError, match="no space left"):
-        job.wait(timeout=30)
+        finish(job)
     assert kv.released == [True]
     assert not (tmp_path / "s").exists()
     assert kv.get("k") == (b"during", 2)
@@ -216,7 +218,7 @@ def test_cancel_stops_an_overlay_writer(tmp_path):
 
 def test_cancel_after_success_leaves_the_snapshot_alone(tmp_path):
     job = start_snapshot(kv_with(5), FileTarget(tmp_path / "s"), method="fork")
-    job.wait(timeout=30)
+    finish(job)
     job.cancel()
     assert (tmp_path / "s").exists()
     assert job.poll() is not None
