@@ -1,39 +1,52 @@
-"""Flotilla against etcd 3.4 on this machine, driven by the same HTTP load generator.
+"""Flotilla against etcd 3.4 and PySyncObj on this machine, driven by the same HTTP load generator.
 
-Both systems run three members on loopback with the same timing (heartbeat 100 ms, election
-timeout 1000 ms) and their default durability (fsync before acknowledging). One system at a
-time is started, measured and stopped, so neither competes with the other's idle work.
+All systems run three members on loopback with the same timing (heartbeat 100 ms, election
+timeout 1000 ms). etcd and Flotilla keep their default durability (fsync before acknowledging);
+PySyncObj (``bench/pysyncobj_server.py``, PyPI ``pysyncobj``) runs **in memory, with no
+durability at all**, behind a small aiohttp wrapper serving Flotilla's ``PUT /v1/kv/{key}``: it
+is the bar for a pure-Python Raft that never touches the disk. One system at a time is started,
+measured and stopped, so that none competes with another's idle work.
 
 Measured, for each system:
 
 * write throughput and latency: K concurrent clients (``--clients 1,16,64``), each sending one
   write at a time to the leader over a persistent connection for ``--duration`` seconds after
   ``--warmup``. etcd is written through its v3 JSON gateway (``POST /v3/kv/put``, base64 key
-  and value), Flotilla through ``PUT /v1/kv/{key}``; the values are the same bytes. The
-  leader's CPU time (user + system, from /proc) per acknowledged write is reported too: unlike
-  writes/s it hardly depends on what else the host is running.
+  and value), Flotilla and PySyncObj through ``PUT /v1/kv/{key}``; the values are the same
+  bytes. CPU time (user + system, from /proc) per write committed in the measured window is
+  reported for the leader and for all three members together ("servers CPU"): unlike writes/s
+  it hardly depends on what else the host is running.
 * the leader-failover window: under a steady 16-client write load the leader is SIGKILLed, and
   the longest gap between two successful writes (any client) is measured; clients that fail or
   time out (``--failover-timeout``) move on to the next member. Repeated ``--failover-rounds``
   times, restarting the killed member in between; the median is reported.
 
-With ``--tls`` both systems run with mutual TLS between peers (each member's certificate names
-it, signed by one CA made for the run) and TLS on the client port (a server certificate, no
-client certificates), with the same certificates; the load generator then dials https,
+``--passes N`` (default 3) repeats everything N times. Within a pass, each concurrency level is
+measured on every system in turn (a fresh cluster each time), the order reversed every other
+pass so that a host whose speed drifts favours no column; the table gives the medians, and every
+ratio is taken within a pass first (the median of the per-pass ratios, which are printed too).
+
+With ``--tls`` etcd and Flotilla run with mutual TLS between peers (each member's certificate
+names it, signed by one CA made for the run) and TLS on the client port (a server certificate,
+no client certificates), with the same certificates; the load generator then dials https,
 verifying the members against that CA, over the same keep-alive connections. ``--tls both``
-measures each system plain and with TLS in one invocation; ``--passes N`` repeats everything N
-times, interleaved (the order reversed every other pass, so that a host whose speed drifts
-favours no column), and prints the medians, with every ratio taken within a pass first.
+measures each system plain and with TLS in one invocation. PySyncObj has no TLS: it is measured
+in plain mode only (with ``--tls on`` it is left out).
+
+``--flotilla-loop asyncio,uvloop`` runs Flotilla once per event loop in every pass
+(``FLOTILLA_EVENT_LOOP``), with a uvloop/asyncio ratio; without it the node picks its default
+(uvloop when installed).
 
 Usage::
 
-    .venv/bin/python bench/compare_etcd.py                       # both, default settings
-    .venv/bin/python bench/compare_etcd.py --only etcd --duration 5
-    .venv/bin/python bench/compare_etcd.py --tls --failover-rounds 0   # both, TLS everywhere
-    .venv/bin/python bench/compare_etcd.py --tls both --passes 3 --failover-rounds 0
+    .venv/bin/python bench/compare_etcd.py                       # all three, 3 passes
+    .venv/bin/python bench/compare_etcd.py --only etcd --duration 5 --passes 1
+    .venv/bin/python bench/compare_etcd.py --systems etcd,flotilla --tls both --failover-rounds 0
+    .venv/bin/python bench/compare_etcd.py --flotilla-loop asyncio,uvloop --systems flotilla
     .venv/bin/python bench/compare_etcd.py --clients 1,16 --json bench/results/cmp.json
 
-etcd comes from ``apt-get install -y etcd-server`` (``--etcd PATH`` for another binary).
+etcd comes from ``apt-get install -y etcd-server`` (``--etcd PATH`` for another binary);
+PySyncObj from ``.venv/bin/pip install -e '.[bench]'`` (or ``pip install pysyncobj``).
 The load generator runs in this process (asyncio + aiohttp); its CPU use is printed with the
 numbers, because on a small machine it can be what limits the higher concurrency rows.
 """
@@ -60,6 +73,7 @@ import tempfile
 import time
 import traceback
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -261,9 +275,11 @@ class FlotillaCluster:
 
     fsync_metric = "flotilla_fsync_seconds_count"
 
-    def __init__(self, workdir: Path, size: int = 3, certs: Certs | None = None) -> None:
-        self.label = "flotilla"
+    def __init__(self, workdir: Path, size: int = 3, certs: Certs | None = None,
+                 event_loop: str | None = None) -> None:
+        self.label = "flotilla" + (f" {event_loop}" if event_loop else "")
         self.workdir = workdir
+        env = {"FLOTILLA_EVENT_LOOP": event_loop} if event_loop else {}
         processes, ports = _harness("processes"), _harness("ports")
         scheme = "https" if certs else "http"
         self.ssl_context = certs.client_context() if certs else None
@@ -290,7 +306,7 @@ class FlotillaCluster:
                 name, workdir / name / "data", peer[name], client[name],
                 initial_cluster=view, cluster_id=cluster_id,
                 election_timeout_ms=ELECTION_TIMEOUT_MS, heartbeat_ms=HEARTBEAT_MS,
-                extra_args=tls, log_path=workdir / f"{name}.log", start=False)
+                extra_args=tls, env=env, log_path=workdir / f"{name}.log", start=False)
         try:
             for node in self.nodes.values():
                 node.start()
@@ -335,6 +351,92 @@ class FlotillaCluster:
         self._ports = []
 
 
+class PySyncObjCluster:
+    """Three ``bench/pysyncobj_server.py`` processes, in memory, each on its own loopback
+    address where the host allows it (as Flotilla's members are placed). Plain HTTP only."""
+
+    fsync_metric = ""  # in memory: it never fsyncs
+    ssl_context = None
+    server = REPO / "bench" / "pysyncobj_server.py"
+
+    def __init__(self, workdir: Path, size: int = 3, batch: bool = False) -> None:
+        self.label = f"pysyncobj {pysyncobj_version()} (memory)"
+        self.workdir = workdir
+        ports = _harness("ports")
+        self._names = [f"p{i}" for i in range(size)]
+        hosts = dict(zip(self._names, ports.loopback_hosts(size), strict=True))
+        raft, self._client, self._ports = {}, {}, []
+        for name, host in hosts.items():
+            raft_port, client_port = ports.allocate_ports(2, host)
+            self._ports += [raft_port, client_port]
+            raft[name], self._client[name] = f"{host}:{raft_port}", f"{host}:{client_port}"
+        members = ",".join(f"{n}={a}" for n, a in raft.items())
+        self._argv = {name: [sys.executable, str(self.server), "--name", name,
+                             "--members", members, "--listen-client", self._client[name],
+                             *(["--batch"] if batch else [])] for name in self._names}
+        self._procs: dict[str, subprocess.Popen] = {}
+        self._logs: dict[str, Any] = {}
+        for name in self._names:
+            self._start(name)
+
+    def _start(self, name: str) -> None:
+        log = self._logs.get(name)
+        if log is None:
+            log = self._logs[name] = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FLOTILLA_")}
+        self._procs[name] = subprocess.Popen(self._argv[name], stdout=log, stderr=log,
+                                             stdin=subprocess.DEVNULL, env=env,
+                                             start_new_session=True)
+
+    def names(self) -> list[str]:
+        return list(self._names)
+
+    def running(self, name: str) -> bool:
+        return self._procs[name].poll() is None
+
+    def pid(self, name: str) -> int | None:
+        return self._procs[name].pid
+
+    def client_url(self, name: str) -> str:
+        return "http://" + self._client[name]
+
+    def write_request(self, key: str, value: bytes) -> tuple[str, str, bytes, dict[str, str]]:
+        return "PUT", "/v1/kv/" + key, value, {}
+
+    async def status(self, session: aiohttp.ClientSession, name: str) -> tuple[str, str]:
+        async with session.get(self.client_url(name) + "/v1/status",
+                               timeout=aiohttp.ClientTimeout(1)) as r:
+            doc = await r.json(content_type=None)
+        return doc["name"], doc.get("leader") or ""
+
+    def kill(self, name: str) -> None:
+        proc = self._procs[name]
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+    def restart(self, name: str) -> None:
+        if self._procs[name].poll() is None:
+            raise RuntimeError(f"{name} is still running")
+        self._start(name)
+
+    def close(self) -> None:
+        for proc in self._procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self._procs.values():
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for log in self._logs.values():
+            log.close()
+        ports = _harness("ports")
+        for port in self._ports:
+            ports.release_port(port)
+        self._ports = []
+
+
 async def agreed_leader(system: System, session: aiohttp.ClientSession, timeout: float) -> str:
     """The member every running member names as leader, from their status endpoints."""
     deadline = time.monotonic() + timeout
@@ -369,6 +471,21 @@ def _etcd_version(binary: str) -> str:
     return "(unknown version)"
 
 
+def pysyncobj_version() -> str:
+    from pysyncobj.version import VERSION
+    return VERSION
+
+
+def pysyncobj_unavailable() -> str | None:
+    """Why PySyncObj cannot run here (it is not installed), or None when it can."""
+    try:
+        pysyncobj_version()
+    except ImportError:
+        return ("PySyncObj is not installed: `.venv/bin/pip install -e '.[bench]'` (or "
+                "`.venv/bin/pip install pysyncobj`), or leave it out with --systems etcd,flotilla")
+    return None
+
+
 def flotilla_unavailable() -> str | None:
     """Why ``python -m flotilla.node`` cannot run here, or None when it can."""
     return _harness("processes").node_unavailable_reason()
@@ -387,9 +504,12 @@ class LoadResult:
     latencies: list[float] = field(default_factory=list)  # seconds, writes started in window
     successes: list[float] = field(default_factory=list)  # completion times of every success
     fsyncs: float | None = None  # the leader's log fsyncs during the whole run, if known
-    leader_cpu: float | None = None  # the leader's CPU seconds during the whole run, if known
+    committed: int = 0  # writes acknowledged within the measured window
+    leader_cpu: float | None = None  # the leader's CPU seconds in the measured window
+    servers_cpu: float | None = None  # all members' CPU seconds in the measured window
     cpu_seconds: float = 0.0  # this process's CPU time during the run
     wall_seconds: float = 0.0  # the whole run, warm-up included
+    samples: list[Any] = field(default_factory=list)  # drive's `sample` at the window's ends
 
     @property
     def cpu_share(self) -> float:
@@ -398,8 +518,13 @@ class LoadResult:
 
     @property
     def leader_cpu_per_write(self) -> float | None:
-        """The leader's CPU seconds per acknowledged write (warm-up included in both)."""
-        return self.leader_cpu / len(self.successes) if self.leader_cpu and self.successes \
+        """The leader's CPU seconds per write committed in the measured window."""
+        return self.leader_cpu / self.committed if self.leader_cpu and self.committed else None
+
+    @property
+    def servers_cpu_per_write(self) -> float | None:
+        """All members' CPU seconds per write committed in the measured window."""
+        return self.servers_cpu / self.committed if self.servers_cpu and self.committed \
             else None
 
     @property
@@ -425,13 +550,16 @@ async def drive(
     timeout: float,
     stop: asyncio.Event | None = None,
     result: LoadResult | None = None,
+    sample: Callable[[], Any] | None = None,
 ) -> LoadResult:
     """``clients`` closed-loop writers: one write at a time each, for warmup + duration.
 
     Every client starts on ``targets[0]`` and, after a failure (error answer, connection error,
     timeout), pauses 20 ms, so that a dead member is not hammered, and moves to another target
     picked at random, so that clients do not all queue up behind the same member. ``result``,
-    when given, is filled in as the run goes, so that a caller can watch it.
+    when given, is filled in as the run goes, so that a caller can watch it. ``sample``, when
+    given, is called as the measured window opens and as it closes; its two results are
+    returned in ``samples`` (the servers' CPU counters, read at exactly those instants).
     """
     result = result if result is not None else LoadResult(clients, duration)
     loop = asyncio.get_running_loop()
@@ -440,6 +568,10 @@ async def drive(
     end = measure_from + duration
     per_request = aiohttp.ClientTimeout(total=timeout)
     cpu0 = time.process_time()
+    if sample is not None:
+        samples = result.samples = []
+        loop.call_at(measure_from, lambda: samples.append(sample()))
+        loop.call_at(end, lambda: samples.append(sample()))
 
     async def client(i: int) -> None:
         target = 0
@@ -469,6 +601,7 @@ async def drive(
                 await asyncio.sleep(0.02)
 
     await asyncio.gather(*(client(i) for i in range(clients)))
+    result.committed = sum(measure_from <= t <= end for t in result.successes)
     result.cpu_seconds = time.process_time() - cpu0
     result.wall_seconds = loop.time() - start
     return result
@@ -483,6 +616,8 @@ def new_session(system: System) -> aiohttp.ClientSession:
 
 async def fsync_count(session: aiohttp.ClientSession, url: str, metric: str) -> float | None:
     """The value of ``metric`` (a histogram's _count) on the member at ``url``, or None."""
+    if not metric:
+        return None
     try:
         async with session.get(url + "/metrics", timeout=aiohttp.ClientTimeout(total=5)) as r:
             text = await r.text()
@@ -503,38 +638,44 @@ def process_cpu(pid: int | None) -> float | None:
         return None
 
 
-async def measure_throughput(system: System, levels: list[int], args: argparse.Namespace,
-                             value: bytes) -> dict[int, LoadResult]:
-    results = {}
+def servers_cpu(system: System) -> dict[str, float | None]:
+    """Every member's CPU seconds so far, by name (None: not running, or unreadable)."""
+    return {name: process_cpu(system.pid(name)) if system.running(name) else None
+            for name in system.names()}
+
+
+async def measure_level(system: System, k: int, args: argparse.Namespace,
+                        value: bytes) -> LoadResult:
+    """``k`` clients writing to the leader for warm-up + duration; one line about it."""
     async with new_session(system) as session:
+        leader = await agreed_leader(system, session, 30)
+        url = system.client_url(leader)
         if isinstance(system, EtcdCluster):
-            leader = await agreed_leader(system, session, 30)
-            path = await system.probe_put_path(session, system.client_url(leader))
-            print(f"  etcd gateway put path: {path}", flush=True)
-        for k in levels:
-            leader = await agreed_leader(system, session, 30)
-            url = system.client_url(leader)
-            before = await fsync_count(session, url, system.fsync_metric)
-            cpu_before = process_cpu(system.pid(leader))
-            r = await drive(system, session, [url], k,
-                            duration=args.duration, warmup=args.warmup, value=value,
-                            timeout=10.0)
-            cpu_after = process_cpu(system.pid(leader))
-            after = await fsync_count(session, url, system.fsync_metric)
-            per_fsync = ""
-            if before is not None and after is not None and after > before:
-                r.fsyncs = after - before
-                per_fsync = f", {len(r.successes) / r.fsyncs:.1f} writes per leader fsync"
-            if cpu_before is not None and cpu_after is not None:
-                r.leader_cpu = cpu_after - cpu_before
-            per_write = r.leader_cpu_per_write
-            leader_cpu = f", leader CPU {per_write * 1e6:.0f} us/write" if per_write else ""
-            print(f"  {k:>3} client{'s' if k > 1 else ' '} -> {leader}: {r.rate:8.0f} writes/s, "
-                  f"p50 {r.percentile(50) * 1e3:7.2f} ms, p99 {r.percentile(99) * 1e3:7.2f} ms, "
-                  f"{r.errors} errors{per_fsync}{leader_cpu}, load generator CPU "
-                  f"{r.cpu_share:.0%} of a core", flush=True)
-            results[k] = r
-    return results
+            await system.probe_put_path(session, url)
+        before = await fsync_count(session, url, system.fsync_metric)
+        r = await drive(system, session, [url], k, duration=args.duration,
+                        warmup=args.warmup, value=value, timeout=10.0,
+                        sample=lambda: servers_cpu(system))
+        after = await fsync_count(session, url, system.fsync_metric)
+    per_fsync = ""
+    if before is not None and after is not None and after > before:
+        r.fsyncs = after - before
+        per_fsync = f", {len(r.successes) / r.fsyncs:.1f} writes per leader fsync"
+    if len(r.samples) == 2:
+        start, end = r.samples
+        if start[leader] is not None and end[leader] is not None:
+            r.leader_cpu = end[leader] - start[leader]
+        if all(v is not None for v in (*start.values(), *end.values())):
+            r.servers_cpu = sum(end[n] - start[n] for n in start)
+    cpu = ""
+    if r.leader_cpu_per_write and r.servers_cpu_per_write:
+        cpu = (f", CPU us/write leader {r.leader_cpu_per_write * 1e6:.0f} servers "
+               f"{r.servers_cpu_per_write * 1e6:.0f}")
+    print(f"  {k:>3} client{'s' if k > 1 else ' '} -> {leader}: {r.rate:8.0f} writes/s, "
+          f"p50 {r.percentile(50) * 1e3:7.2f} ms, p99 {r.percentile(99) * 1e3:7.2f} ms, "
+          f"{r.errors} errors{per_fsync}{cpu}, load generator CPU {r.cpu_share:.0%} of a core",
+          flush=True)
+    return r
 
 
 async def measure_failover(system: System, args: argparse.Namespace,
@@ -580,7 +721,24 @@ async def measure_failover(system: System, args: argparse.Namespace,
 
 
 # ---------------------------------------------------------------------------------------------
-# Running one system, and the table
+# Running the systems, and the tables
+
+
+@dataclass(frozen=True)
+class Config:
+    """One system as measured: which, plain or TLS, and (Flotilla) which event loop."""
+
+    system: str  # etcd | flotilla | pysyncobj
+    mode: str  # plain | tls
+    loop: str | None = None  # Flotilla's FLOTILLA_EVENT_LOOP; None: the node's default
+
+    @property
+    def name(self) -> str:
+        return self.system + (f" {self.loop}" if self.loop else "")
+
+    @property
+    def label(self) -> str:
+        return self.name + (" TLS" if self.mode == "tls" else "")
 
 
 @dataclass
@@ -588,7 +746,8 @@ class Report:
     label: str
     throughput: dict[int, LoadResult] = field(default_factory=dict)
     gaps: list[float] = field(default_factory=list)
-    skipped: str | None = None
+    failures: list[str] = field(default_factory=list)  # parts that failed; the rest stands
+    skipped: str | None = None  # why the system was not measured at all
 
     def cells(self, levels: list[int]) -> dict[str, float | None]:
         out: dict[str, float | None] = {}
@@ -600,37 +759,82 @@ class Report:
             out[f"p99 ms, {clients}"] = r.percentile(99) * 1e3 if r else None
             per_write = r.leader_cpu_per_write if r else None
             out[f"leader CPU us/write, {clients}"] = per_write * 1e6 if per_write else None
+            per_write = r.servers_cpu_per_write if r else None
+            out[f"servers CPU us/write, {clients}"] = per_write * 1e6 if per_write else None
         out["failover gap ms (median)"] = (statistics.median(self.gaps) * 1e3
                                            if self.gaps else None)
         return out
 
 
-async def run_system(make: Any, label: str, levels: list[int], args: argparse.Namespace,
-                     value: bytes, workdir: Path) -> Report:
-    """Start, measure and stop one system. A failure is reported in the table instead of
-    ending the run, so the other system's numbers are still printed."""
-    print(f"\n== {label}: 3 members on loopback, data under {workdir}", flush=True)
-    report = Report(label)
+def make_system(config: Config, args: argparse.Namespace, certs: Certs | None,
+                workdir: Path) -> System:
+    tls = certs if config.mode == "tls" else None
+    if config.system == "etcd":
+        return EtcdCluster(args.etcd, workdir, certs=tls)
+    if config.system == "pysyncobj":
+        return PySyncObjCluster(workdir, batch=args.pysyncobj_batch)
+    return FlotillaCluster(workdir, certs=tls, event_loop=config.loop)
+
+
+async def on_fresh_cluster(config: Config, report: Report, what: str, args: argparse.Namespace,
+                           certs: Certs | None, workdir: Path,
+                           measure: Callable[[System], Any]) -> None:
+    """Start ``config``'s three members, ``await measure(system)``, stop them. A failure is
+    noted in the report (and the table) instead of ending the run, so that the other systems'
+    numbers are still printed."""
+    print(f"\n== {config.label}, {what}: 3 members on loopback, data under {workdir}",
+          flush=True)
+    workdir.mkdir(parents=True)
     system = None
     try:
-        system = await asyncio.to_thread(make, workdir)
+        system = await asyncio.to_thread(make_system, config, args, certs, workdir)
         report.label = system.label + (" TLS" if system.ssl_context else "")
-        report.throughput = await measure_throughput(system, levels, args, value)
-        if args.failover_rounds > 0:
-            print(f"  failover: {args.failover_clients} clients, leader SIGKILLed, "
-                  f"{args.failover_rounds} rounds", flush=True)
-            report.gaps = await measure_failover(system, args, value)
+        await measure(system)
     except Exception as exc:
-        report.skipped = f"the run failed: {type(exc).__name__}: {exc}"
+        failure = f"{what}: {type(exc).__name__}: {exc}"
+        report.failures.append(failure)
         traceback.print_exc()
-        print(f"  {label}: {report.skipped} (logs: {workdir}, kept with --keep)", flush=True)
+        print(f"  {config.label}: {failure} (logs: {workdir}, kept with --keep)", flush=True)
     finally:
         if system is not None:
             await asyncio.to_thread(system.close)
-    return report
+        if not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)  # etcd preallocates 64 MB of WAL
 
 
-Runs = dict[tuple[str, str], list[Report]]  # (system, mode) -> one report per pass
+async def run_pass(n: int, configs: list[Config], runs: Runs, args: argparse.Namespace,
+                   certs: Certs | None, value: bytes, root: Path) -> None:
+    """Pass ``n``: each level on every system in turn, then the failover rounds."""
+    order = configs if n % 2 == 0 else configs[::-1]
+    for k in args.levels:
+        for config in order:
+            report = runs[config][n]
+            if report.skipped:
+                continue
+
+            async def level(system: System, report: Report = report, k: int = k) -> None:
+                report.throughput[k] = await measure_level(system, k, args, value)
+
+            slug = config.label.replace(" ", "-")
+            await on_fresh_cluster(config, report, f"{k} clients", args, certs,
+                                   root / f"{slug}-pass{n + 1}-{k}", level)
+    if args.failover_rounds > 0:
+        for config in order:
+            report = runs[config][n]
+            if report.skipped:
+                continue
+
+            async def failover(system: System, report: Report = report) -> None:
+                print(f"  failover: {args.failover_clients} clients, leader SIGKILLed, "
+                      f"{args.failover_rounds} rounds", flush=True)
+                report.gaps = await measure_failover(system, args, value)
+
+            slug = config.label.replace(" ", "-")
+            await on_fresh_cluster(config, report, "failover", args, certs,
+                                   root / f"{slug}-pass{n + 1}-failover", failover)
+
+
+Runs = dict[Config, list[Report]]  # one report per pass
 
 
 def _median(values: list[float | None]) -> float | None:
@@ -653,39 +857,54 @@ def _label(reports: list[Report]) -> str:
     return next((r.label for r in reports if not r.skipped), reports[0].label)
 
 
-def columns(runs: Runs, levels: list[int]) -> list[tuple[str, dict[str, float | None], bool]]:
-    """(header, row -> value, is a ratio): each system's medians per mode, Flotilla over etcd
-    per mode, and with both modes each system's TLS over plain."""
-    rows = list(Report("").cells(levels))
-    systems = list(dict.fromkeys(system for system, _ in runs))
-    modes = list(dict.fromkeys(mode for _, mode in runs))
+@dataclass
+class Column:
+    header: str
+    values: dict[str, float | None]  # row -> median
+    per_pass: dict[str, list[float]] | None = None  # a ratio's values, pass by pass
+
+
+def tables(runs: Runs, levels: list[int]) -> list[tuple[str, list[Column]]]:
+    """(title, columns) per table: for each mode, each system's medians, Flotilla over etcd and
+    over PySyncObj, and uvloop over asyncio when both loops ran; with both modes, each system's
+    TLS over plain."""
+    rows = [row for row in Report("").cells(levels)  # no failover row when none was measured
+            if not row.startswith("failover") or any(r.gaps for rs in runs.values() for r in rs)]
+    modes = list(dict.fromkeys(c.mode for c in runs))
+
+    def ratio(header: str, num: Config, den: Config) -> Column:
+        per_pass = {row: _ratios(runs[num], runs[den], row, levels) for row in rows}
+        return Column(header, {row: _median(list(v)) for row, v in per_pass.items()}, per_pass)
+
     out = []
-
-    def ratio(header: str, num: list[Report], den: list[Report]) -> None:
-        out.append((header, {row: _median(_ratios(num, den, row, levels)) for row in rows}, True))
-
     for mode in modes:
-        for system in systems:
-            reports = runs[system, mode]
-            out.append((_label(reports), {row: _median([r.cells(levels)[row] for r in reports])
-                                          for row in rows}, False))
-        if systems == ["etcd", "flotilla"]:
-            ratio("flotilla/etcd" + (" TLS" if mode == "tls" else ""),
-                  runs["flotilla", mode], runs["etcd", mode])
+        configs = [c for c in runs if c.mode == mode]
+        cols = [Column(_label(runs[c]), {row: _median([r.cells(levels)[row] for r in runs[c]])
+                                         for row in rows}) for c in configs]
+        suffix = " TLS" if mode == "tls" else ""
+        by_system = {c.system: c for c in configs}
+        flotillas = [c for c in configs if c.system == "flotilla"]
+        for f in flotillas:
+            for other in ("etcd", "pysyncobj"):
+                if other in by_system:
+                    cols.append(ratio(f"{f.name}/{other}{suffix}", f, by_system[other]))
+        loops = {c.loop: c for c in flotillas}
+        if "asyncio" in loops and "uvloop" in loops:
+            cols.append(ratio("uvloop/asyncio" + suffix, loops["uvloop"], loops["asyncio"]))
+        title = {"plain": "plain HTTP", "tls": "TLS (mutual between peers, on the client port)"}
+        out.append((title[mode], cols))
     if modes == ["plain", "tls"]:
-        for system in systems:
-            ratio(f"{system} TLS/plain", runs[system, "tls"], runs[system, "plain"])
+        cols = []
+        for config in runs:
+            plain = Config(config.system, "plain", config.loop)
+            if config.mode == "tls" and plain in runs:
+                cols.append(ratio(f"{config.name} TLS/plain", config, plain))
+        out.append(("TLS over plain, same system", cols))
     return out
 
 
-def render(runs: Runs, levels: list[int]) -> str:
-    cols = columns(runs, levels)
-    rows = list(cols[0][1]) if cols else []
-    headers = ["", *(header for header, _, _ in cols)]
-    table = [headers]
-    for row in rows:
-        table.append([row, *(("n/a" if values[row] is None else f"{values[row]:.2f}")
-                             if is_ratio else _fmt(values[row]) for _, values, is_ratio in cols)])
+def _grid(headers: list[str], body: list[list[str]]) -> list[str]:
+    table = [headers, *body]
     widths = [max(len(r[i]) for r in table) for i in range(len(headers))]
     out = []
     for n, line in enumerate(table):
@@ -693,49 +912,112 @@ def render(runs: Runs, levels: list[int]) -> str:
                              for i, (c, w) in enumerate(zip(line, widths, strict=True))))
         if n == 0:
             out.append("  ".join("-" * w for w in widths))
+    return out
+
+
+def render(runs: Runs, levels: list[int]) -> str:
+    out: list[str] = []
+    for title, cols in tables(runs, levels):
+        rows = list(cols[0].values) if cols else []
+        out += ["", f"-- {title}: medians; a ratio is the median of the per-pass ratios", ""]
+        out += _grid(["", *(c.header for c in cols)],
+                     [[row, *(("n/a" if c.values[row] is None else f"{c.values[row]:.2f}")
+                              if c.per_pass is not None else _fmt(c.values[row])
+                              for c in cols)] for row in rows])
+        ratios = [c for c in cols if c.per_pass is not None]
+        if ratios and max(len(v) for c in ratios for v in c.per_pass.values()) > 1:
+            out += ["", f"-- {title}: the ratios pass by pass", ""]
+            out += _grid(["", *(c.header for c in ratios)],
+                         [[row, *(" ".join(f"{v:.2f}" for v in c.per_pass[row]) or "n/a"
+                                  for c in ratios)] for row in rows])
+    out.append("")
     for reports in runs.values():
         label = _label(reports)
         for n, r in enumerate(reports):
+            where = f" (pass {n + 1})" if len(reports) > 1 else ""
             if r.skipped:
-                where = f" (pass {n + 1})" if len(reports) > 1 else ""
-                out.append(f"{label}{where}: not (fully) measured: {r.skipped}")
+                out.append(f"{label}{where}: not measured: {r.skipped}")
+            for failure in r.failures:
+                out.append(f"{label}{where}: failed: {failure}")
         gaps = [g for r in reports for g in r.gaps]
         if gaps:
             out.append(f"{label} failover gaps, ms: " + ", ".join(f"{g * 1e3:.0f}" for g in gaps))
-    out += goals(runs, levels)
+    out += speed_goals(runs, levels)
+    out += tls_goals(runs, levels)
     return "\n".join(out)
 
 
-def goals(runs: Runs, levels: list[int]) -> list[str]:
+def _row(what: str, k: int) -> str:
+    return f"{what}, {k} client{'s' if k > 1 else ''}"
+
+
+def _verdict(what: str, values: list[float], goal: float, at_least: bool) -> str:
+    median = _median(list(values))
+    shown = ", ".join(f"{v:.2f}" for v in values) or "n/a"
+    met = None if median is None else median >= goal if at_least else median <= goal
+    verdict = "" if met is None else " (met)" if met else " (missed)"
+    return (f"{what}: {shown}; median {'n/a' if median is None else f'{median:.2f}'}, goal "
+            f"{'at least' if at_least else 'at most'} {goal:.2f}{verdict}")
+
+
+def speed_goals(runs: Runs, levels: list[int]) -> list[str]:
+    """Issue #15's speed goals, pass by pass, for each Flotilla measured beside etcd or
+    PySyncObj in the same mode."""
+    out = []
+    top, low = max(levels), min(levels)
+    for f in (c for c in runs if c.system == "flotilla"):
+        etcd = Config("etcd", f.mode)
+        pso = Config("pysyncobj", f.mode)
+        lines = []
+        if etcd in runs:
+            lines.append(_verdict(f"  writes/s at {top} clients over etcd",
+                                  _ratios(runs[f], runs[etcd], _row("writes/s", top), levels),
+                                  1.3, True))
+        if pso in runs:
+            lines.append(_verdict(f"  writes/s at {top} clients over PySyncObj (memory)",
+                                  _ratios(runs[f], runs[pso], _row("writes/s", top), levels),
+                                  1.0, True))
+        if etcd in runs:
+            lines.append(_verdict(f"  p50 at {low} client{'s' if low > 1 else ''} over etcd",
+                                  _ratios(runs[f], runs[etcd], _row("p50 ms", low), levels),
+                                  1.3, False))
+            for k in levels:
+                lines.append(_verdict(
+                    f"  servers CPU per write at {k} client{'s' if k > 1 else ''} over etcd",
+                    _ratios(runs[f], runs[etcd], _row("servers CPU us/write", k), levels),
+                    1.0, False))
+        if lines:
+            out += ["", f"Speed goals (issue #15), {f.label}, pass by pass:", *lines]
+    return out
+
+
+def tls_goals(runs: Runs, levels: list[int]) -> list[str]:
     """What TLS costs at the highest concurrency, pass by pass: each system's TLS/plain
     writes/s, and Flotilla's ratio to etcd with TLS over that ratio without."""
-    if ("flotilla", "tls") not in runs or ("flotilla", "plain") not in runs:
-        return []
     k = max(levels)
-    row = f"writes/s, {k} client{'s' if k > 1 else ''}"
-
-    def line(what: str, values: list[float], goal: float) -> str:
-        median = _median(list(values))
-        shown = ", ".join(f"{v:.2f}" for v in values) or "n/a"
-        verdict = "" if median is None else " (met)" if median >= goal else " (missed)"
-        return (f"{what}: {shown}; median {'n/a' if median is None else f'{median:.2f}'}, "
-                f"goal at least {goal:.2f}{verdict}")
-
-    flo = _ratios(runs["flotilla", "tls"], runs["flotilla", "plain"], row, levels)
-    out = ["", f"TLS at {k} clients, pass by pass:",
-           line("  flotilla TLS/plain writes/s", flo, 0.85)]
-    if ("etcd", "tls") in runs:
-        etcd = _ratios(runs["etcd", "tls"], runs["etcd", "plain"], row, levels)
-        out.append("  etcd TLS/plain writes/s: " + (", ".join(f"{v:.2f}" for v in etcd) or "n/a"))
-        if len(flo) == len(etcd):
-            out.append(line("  flotilla/etcd with TLS over flotilla/etcd without",
-                            [f / e for f, e in zip(flo, etcd, strict=True)], 1.0))
-    cpu = f"leader CPU us/write, {k} client{'s' if k > 1 else ''}"
-    for system in ("flotilla", "etcd"):
-        if (system, "tls") in runs:
-            ratios = _ratios(runs[system, "tls"], runs[system, "plain"], cpu, levels)
-            out.append(f"  {system} TLS/plain leader CPU per write: "
-                       + (", ".join(f"{v:.2f}" for v in ratios) or "n/a"))
+    row = _row("writes/s", k)
+    out = []
+    etcd_tls, etcd_plain = Config("etcd", "tls"), Config("etcd", "plain")
+    for f in (c for c in runs if c.system == "flotilla" and c.mode == "tls"):
+        plain = Config(f.system, "plain", f.loop)
+        if plain not in runs:
+            continue
+        flo = _ratios(runs[f], runs[plain], row, levels)
+        out += ["", f"TLS at {k} clients, {f.name}, pass by pass:",
+                _verdict(f"  {f.name} TLS/plain writes/s", flo, 0.85, True)]
+        if etcd_tls in runs and etcd_plain in runs:
+            etcd = _ratios(runs[etcd_tls], runs[etcd_plain], row, levels)
+            out.append("  etcd TLS/plain writes/s: " + (", ".join(f"{v:.2f}" for v in etcd)
+                                                        or "n/a"))
+            if len(flo) == len(etcd):
+                out.append(_verdict(f"  {f.name}/etcd with TLS over {f.name}/etcd without",
+                                    [a / b for a, b in zip(flo, etcd, strict=True)], 1.0, True))
+        for config, base in ((f, plain), (etcd_tls, etcd_plain)):
+            if config in runs and base in runs:
+                ratios = _ratios(runs[config], runs[base], _row("servers CPU us/write", k),
+                                 levels)
+                out.append(f"  {config.name} TLS/plain servers CPU per write: "
+                           + (", ".join(f"{v:.2f}" for v in ratios) or "n/a"))
     return out
 
 
@@ -743,6 +1025,9 @@ def _fmt(v: float | None) -> str:
     if v is None:
         return "n/a"
     return f"{v:.0f}" if v >= 100 else f"{v:.2f}"
+
+
+SYSTEMS = ("etcd", "flotilla", "pysyncobj")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -753,12 +1038,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=float, default=2.0, help="seconds before measuring (2)")
     p.add_argument("--clients", default="1,16,64",
                    help="comma-separated concurrency levels (default 1,16,64)")
-    p.add_argument("--only", choices=("etcd", "flotilla"), help="measure one system")
+    p.add_argument("--systems", default=",".join(SYSTEMS),
+                   help="comma-separated systems to measure (default etcd,flotilla,pysyncobj)")
+    p.add_argument("--only", choices=SYSTEMS, help="measure one system (--systems NAME)")
+    p.add_argument("--flotilla-loop", default="",
+                   help="comma-separated event loops to run Flotilla on, each a column of its "
+                        "own in every pass: asyncio, uvloop (default: the node's own choice)")
     p.add_argument("--tls", nargs="?", const="on", default="off", choices=("off", "on", "both"),
-                   help="mutual TLS between peers and TLS on the client port, for both systems "
-                        "(--tls, or --tls on); --tls both: plain and TLS in one invocation")
-    p.add_argument("--passes", type=int, default=1,
-                   help="measure everything this many times, interleaved; medians (1)")
+                   help="mutual TLS between peers and TLS on the client port, for etcd and "
+                        "Flotilla (--tls, or --tls on); --tls both: plain and TLS in one "
+                        "invocation. PySyncObj has no TLS: plain mode only")
+    p.add_argument("--passes", type=int, default=3,
+                   help="measure everything this many times, interleaved; medians (3)")
     p.add_argument("--value-size", type=int, default=128, help="bytes per value (128)")
     p.add_argument("--failover-rounds", type=int, default=3, help="leader kills (3; 0: skip)")
     p.add_argument("--failover-clients", type=int, default=16, help="writers during kills (16)")
@@ -770,6 +1061,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="longest wait for writes to resume after a kill (15 s)")
     p.add_argument("--etcd", default=shutil.which("etcd") or "/usr/bin/etcd",
                    help="the etcd binary (default: etcd on PATH)")
+    p.add_argument("--pysyncobj-batch", action="store_true",
+                   help="PySyncObj with appendEntriesUseBatch (entries wait for the next "
+                        "heartbeat; its library default, slow for closed-loop clients)")
     p.add_argument("--keep", action="store_true", help="keep data dirs and logs")
     p.add_argument("--json", type=Path, help="also write the numbers to this file")
     args = p.parse_args(argv)
@@ -781,71 +1075,108 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--clients needs at least one level >= 1")
     if args.passes < 1:
         p.error("--passes needs at least 1")
+    args.systems = [args.only] if args.only else [
+        x.strip() for x in args.systems.split(",") if x.strip()]
+    if not args.systems or set(args.systems) - set(SYSTEMS):
+        p.error(f"--systems takes some of {', '.join(SYSTEMS)}, got {','.join(args.systems)}")
+    args.loops = [x.strip() for x in args.flotilla_loop.split(",") if x.strip()]
+    if set(args.loops) - {"asyncio", "uvloop"} or len(set(args.loops)) != len(args.loops):
+        p.error(f"--flotilla-loop takes asyncio and/or uvloop, got {args.flotilla_loop!r}")
     args.modes = {"off": ["plain"], "on": ["tls"], "both": ["plain", "tls"]}[args.tls]
     return args
 
 
+def unavailable_systems(args: argparse.Namespace) -> dict[str, str]:
+    """system -> why it cannot be measured here (printed, and in the table)."""
+    out = {}
+    if "etcd" in args.systems and not (os.path.isfile(args.etcd)
+                                       and os.access(args.etcd, os.X_OK)):
+        out["etcd"] = (f"no etcd binary at {args.etcd}; apt-get install -y etcd-server, or "
+                       "pass --etcd PATH")
+    if "flotilla" in args.systems and (reason := flotilla_unavailable()):
+        out["flotilla"] = reason
+    if "flotilla" in args.systems and "uvloop" in args.loops:
+        try:
+            importlib.import_module("uvloop")
+        except ImportError:
+            out["flotilla"] = ("--flotilla-loop uvloop, but uvloop is not installed "
+                               "(.venv/bin/pip install -e .)")
+    if "pysyncobj" in args.systems and (reason := pysyncobj_unavailable()):
+        out["pysyncobj"] = reason
+    for system, reason in out.items():
+        print(f"\n== {system}: NOT MEASURED: {reason}", flush=True)
+    return out
+
+
 async def main_async(args: argparse.Namespace) -> int:
+    load_before = _loadavg()
     value = os.urandom(args.value_size // 2 + 1).hex()[: args.value_size].encode()
     root = Path(tempfile.mkdtemp(prefix="flotilla-vs-etcd-"))
     certs = Certs(root / "tls") if "tls" in args.modes else None
-    systems = [s for s in ("etcd", "flotilla") if args.only in (None, s)]
-    unavailable = {}
-    if "etcd" in systems and not (os.path.isfile(args.etcd) and os.access(args.etcd, os.X_OK)):
-        unavailable["etcd"] = (f"no etcd binary at {args.etcd}; apt-get install -y "
-                               "etcd-server, or pass --etcd PATH")
-    if "flotilla" in systems and (reason := flotilla_unavailable()):
-        print(f"\n== flotilla: NOT MEASURED: {reason}", flush=True)
-        unavailable["flotilla"] = reason
-    configs = [(system, mode) for system in systems for mode in args.modes]
-    runs: Runs = {config: [] for config in configs}
+    unavailable = unavailable_systems(args)
+    configs = []
+    for mode in args.modes:
+        for system in args.systems:
+            if system == "pysyncobj" and mode == "tls":
+                continue
+            for loop in (args.loops or [None]) if system == "flotilla" else [None]:
+                configs.append(Config(system, mode, loop))
+    if "pysyncobj" in args.systems and "plain" not in args.modes:
+        print("\n== pysyncobj: not measured: it has no TLS, and --tls on measures TLS only "
+              "(--tls both measures it in plain mode beside the others)", flush=True)
+    elif "pysyncobj" in args.systems and "tls" in args.modes:
+        print("\n== pysyncobj: plain mode only (it has no TLS)", flush=True)
+    if not configs:
+        print("nothing to measure", file=sys.stderr)
+        return 1
+    runs: Runs = {c: [Report(c.label, skipped=unavailable.get(c.system))
+                      for _ in range(args.passes)] for c in configs}
     try:
         for n in range(args.passes):
             if args.passes > 1:
                 print(f"\n==== pass {n + 1} of {args.passes}", flush=True)
-            for system, mode in configs if n % 2 == 0 else configs[::-1]:
-                label = system + (" TLS" if mode == "tls" else "")
-                if system in unavailable:
-                    runs[system, mode].append(Report(label, skipped=unavailable[system]))
-                    continue
-                tls = certs if mode == "tls" else None
-                workdir = root / f"{system}-{mode}-{n + 1}"
-                workdir.mkdir()
-                if system == "etcd":
-                    def make(d: Path, tls: Certs | None = tls) -> System:
-                        return EtcdCluster(args.etcd, d, certs=tls)
-                else:
-                    def make(d: Path, tls: Certs | None = tls) -> System:
-                        return FlotillaCluster(d, certs=tls)
-                runs[system, mode].append(
-                    await run_system(make, label, args.levels, args, value, workdir))
+            await run_pass(n, configs, runs, args, certs, value, root)
     finally:
         if args.keep:
             print(f"\ndata and logs kept in {root}")
         else:
             shutil.rmtree(root, ignore_errors=True)
     tls = {"plain": "", "tls": "; mutual TLS between peers, TLS on the client port",
-           "both": "; plain, and with mutual TLS between peers and TLS on the client port"}
+           "both": "; plain, and with mutual TLS between peers and TLS on the client port "
+                   "(PySyncObj plain only)"}
     passes = (f"; medians of {args.passes} interleaved passes (ratios: the median of each "
               "pass's ratio)" if args.passes > 1 else "")
+    failover = (f"; failover: median of {args.failover_rounds} leader SIGKILLs under "
+                f"{args.failover_clients} writers (request timeout {args.failover_timeout:g}s)"
+                if args.failover_rounds > 0 else "")
     print(f"\n{args.value_size}-byte values, {args.duration:g}s per level after "
-          f"{args.warmup:g}s warm-up, clients write to the leader; failover: median of "
-          f"{args.failover_rounds} leader SIGKILLs under {args.failover_clients} writers "
-          f"(request timeout {args.failover_timeout:g}s)"
-          f"{tls['both' if len(args.modes) == 2 else args.modes[0]]}{passes}\n")
+          f"{args.warmup:g}s warm-up, a fresh cluster per level, clients write to the leader; "
+          f"CPU per write: user + system time in the measured window over the writes "
+          f"committed in it{failover}{tls['both' if len(args.modes) == 2 else args.modes[0]]}"
+          f"{passes}; load average before the run: {load_before}, after: "
+          f"{_loadavg()}")
     print(render(runs, args.levels))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({
             "passes": args.passes,
-            "columns": {header: values for header, values, _ in columns(runs, args.levels)},
-            "runs": [{"system": system, "mode": mode, "pass": n + 1, "label": r.label,
-                      "skipped": r.skipped, "gaps_s": r.gaps, **r.cells(args.levels)}
-                     for (system, mode), reports in runs.items()
-                     for n, r in enumerate(reports)],
+            "tables": {title: {c.header: {"median": c.values, "per_pass": c.per_pass}
+                               for c in cols} for title, cols in tables(runs, args.levels)},
+            "runs": [{"system": c.system, "mode": c.mode, "loop": c.loop, "pass": n + 1,
+                      "label": r.label, "skipped": r.skipped, "failures": r.failures,
+                      "gaps_s": r.gaps, **r.cells(args.levels)}
+                     for c, reports in runs.items() for n, r in enumerate(reports)],
         }, indent=2))
-    measured = [r for reports in runs.values() for r in reports if not r.skipped]
+    measured = [r for reports in runs.values() for r in reports
+                if not r.skipped and r.throughput]
     return 0 if measured else 1
+
+
+def _loadavg() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:
