@@ -6,7 +6,8 @@ from `planner.plan`; this module only translates between Kubernetes objects and 
 slots, and carries out the step with the API server or the members' admin API.
 
 Idempotent by construction: the owned objects are compared with what `render` produces and
-patched only where they differ, and the step is recomputed from scratch on every call.
+applied (server-side apply) only where they differ, and the step is recomputed from scratch on
+every call.
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ class Outcome:
     status: dict[str, Any]
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
     plan: Plan | None = None
+    step_error: str | None = None  # why the planned step failed, if it did
 
 
 def reconcile(kube: Kube, body: Mapping[str, Any], *, default_image: str,
@@ -186,7 +188,7 @@ def reconcile(kube: Kube, body: Mapping[str, Any], *, default_image: str,
     status["tls"] = _replacing(old.get("tls") or {}, tls.status)
     if archive_jobs is not None:
         status["archiveJobs"] = archive_jobs
-    return Outcome(status, events, result)
+    return Outcome(status, events, result, step_error)
 
 
 def operator_peer() -> dict[str, Any] | None:
@@ -412,23 +414,22 @@ def _carry_out(kube: Kube, members: Members, spec: ClusterSpec, action: Any,
 
 
 def _ensure(kube: Kube, obj: Mapping[str, Any], current: Mapping[str, Any] | None) -> bool:
-    """Create `obj`, or merge-patch `current` where it differs. True if created."""
-    meta = obj["metadata"]
-    if current is None:
-        kube.create(obj)
-        return True
-    section = "data" if obj["kind"] == "ConfigMap" else "spec"
-    wanted = {k: v for k, v in obj[section].items() if k in _MUTABLE[obj["kind"]]}
-    have = current.get(section) or {}
-    changed = {k: v for k, v in wanted.items() if not _covers(have.get(k), v)}
-    patch: dict[str, Any] = {section: changed} if changed else {}
-    labels = meta.get("labels") or {}
-    if any((current.get("metadata", {}).get("labels") or {}).get(k) != v
-           for k, v in labels.items()):
-        patch["metadata"] = {"labels": labels}
-    if patch:
-        kube.patch(obj["kind"], meta["namespace"], meta["name"], patch)
-    return False
+    """Server-side apply `obj` when it is missing, or when a field that may change (or a
+    label) differs from `current`. True if it was created.
+
+    The comparison first, so an object already as rendered costs no write (and no watch event
+    that would wake the operator again); the apply then sends the whole object, so what the
+    operator stopped rendering is removed too, which a merge patch could not do."""
+    if current is not None:
+        section = "data" if obj["kind"] == "ConfigMap" else "spec"
+        have = current.get(section) or {}
+        labels = (current.get("metadata") or {}).get("labels") or {}
+        if all(_covers(have.get(k), v) for k, v in obj[section].items()
+               if k in _MUTABLE[obj["kind"]]) and all(
+                labels.get(k) == v for k, v in (obj["metadata"].get("labels") or {}).items()):
+            return False
+    kube.apply(obj)
+    return current is None
 
 
 def _covers(current: Any, wanted: Any) -> bool:
