@@ -118,7 +118,10 @@ async def run(body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped,
             memo.seen = _changes(seen)
             seen["status"] = copy.deepcopy(written)
             try:
+                began = time.monotonic()
                 outcome = await asyncio.to_thread(_round, seen)
+                logger.debug(f"round of {time.monotonic() - began:.2f}s: "
+                             f"{outcome.status.get('lastAction')}")
                 await _tell(body, uid, outcome, logger)  # what was done, then where it stands
                 if pacing.write_due(written, outcome.status, time.monotonic() - written_at):
                     await asyncio.to_thread(_api().patch, "RaftCluster", *where,
