@@ -652,7 +652,8 @@ def cmd_scale(args: argparse.Namespace) -> int:
     result = scaling.scale(root, args.replicas, timeout=args.timeout,
                            catch_up_timeout=args.catch_up_timeout,
                            keep_removed_data=args.keep_removed_data, say=_say)
-    voters = (result.leader_status or {}).get("config", {}).get("voters", [])
+    lead = result.leader_status
+    voters = sorted(lead.config.voters) if lead is not None else []
     _say(f"voters: {', '.join(voters)} (leader {result.leader})")
     return EXIT_OK
 

@@ -32,6 +32,7 @@ from flotilla.local import (
     tls_args,
 )
 from flotilla.operator.members import ADMIN_TIMEOUT, MEMBERSHIP_STEPS, call
+from flotilla.operator.memberstatus import MemberStatus
 from flotilla.operator.planner import Action, Observed, Plan, Record, Slot, Step, plan
 from flotilla.progress import Bar
 
@@ -118,7 +119,8 @@ class _Scaler:
                 slots[name] = Slot(running=False, volume=data_dir.exists())
                 continue
             running = cluster.is_alive(name)
-            status = cluster.member_status(name, timeout=1.0) if running else None
+            status = (MemberStatus.parse(cluster.member_status(name, timeout=1.0), name)
+                      if running else None)
             slots[name] = Slot(running=running, status=status,
                                exit_code=None if running else cluster.exit_code(name),
                                volume=data_dir.exists())
@@ -203,11 +205,12 @@ def _joining_member(cluster: LocalCluster, name: str, peer: int, client: int) ->
 def _show_catch_up(result: Plan, bar: Bar) -> None:
     """While learners catch up, a bar of the slowest one's match index against the leader's
     commit index (entries, rate, time left); closed once none is behind."""
-    doc = result.leader_status or {}
-    members = doc.get("members") or {}
-    commit = doc.get("commit_index") or 0
-    behind = {name: members.get(name, {}).get("match_index") or 0
-              for name in (doc.get("config") or {}).get("learners") or ()}
+    lead = result.leader_status
+    if lead is None:
+        bar.close()
+        return
+    commit = lead.commit_index
+    behind = {name: lead.match(name) or 0 for name in lead.config.learners}
     behind = {name: match for name, match in behind.items() if match < commit}
     if not behind:
         bar.close()

@@ -1,38 +1,51 @@
-"""The kopf handlers: thin. Every event about a RaftCluster (created, changed, resumed after an
-operator restart) and a timer every few seconds run the same reconcile, which observes,
-plans one step and takes it (`reconcile.py`). Deletion waits for the final snapshot.
+"""The kopf handlers: thin. Each RaftCluster has a daemon (`run`) that observes, plans one step
+and takes it (`reconcile.py`), then decides when to look again (`pacing.py`): at once after a
+step that succeeded, soon while the planner waits on the members, otherwise when an event
+wakes it or the safety interval has passed. Events about the cluster (its spec), its
+StatefulSet, its pods and its Jobs wake it. Deletion waits for the final snapshot.
 
 Settings come from the environment `flotilla operator` sets before importing this module:
 FLOTILLA_DEFAULT_IMAGE (for RaftClusters without spec.image) and FLOTILLA_OPERATOR_INTERVAL
-(seconds between reconciles of a cluster; default 5).
+(the safety interval: the longest a cluster goes without a round; default 30 seconds).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import copy
 import logging
 import os
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
 
 import kopf
 
+from . import pacing
 from .kube import Kube
-from .reconcile import finalize, reconcile
+from .planner import Action
+from .reconcile import Outcome, finalize, reconcile
 from .spec import DEFAULT_IMAGE, GROUP, VERSION
 
 PLURAL = "raftclusters"
 FINALIZER = "flotilla.dev/final-snapshot"
-INTERVAL = float(os.environ.get("FLOTILLA_OPERATOR_INTERVAL", "5"))
+INTERVAL = float(os.environ.get("FLOTILLA_OPERATOR_INTERVAL", "30"))
 FINAL_SNAPSHOT_TRIES = 3
+# What the operator makes carries this label; only such StatefulSets, pods and Jobs are
+# watched (a server-side label selector), and their instance label names their cluster.
+MANAGED = {"app.kubernetes.io/managed-by": "flotilla-operator"}
+INSTANCE_LABEL = "app.kubernetes.io/instance"
 
 # Set by `flotilla operator` when it watches namespaces named exactly (no kopf globs): kopf then
 # does not scan CRDs and namespaces cluster-wide, so a Role in each namespace is all it needs.
 STATIC_NAMESPACES = False
 
 _kube: Kube | None = None
-_locks: dict[str, asyncio.Lock] = {}
+# One round of a cluster at a time, and never a round beside its final snapshot: held in the
+# worker thread, so a round the daemon's cancellation leaves running still holds it.
+_locks: dict[str, threading.Lock] = {}
 # A Warning identical to one posted for the same cluster this recently is not posted again:
 # a problem that lasts (an invalid spec, a step failing every round) is said once, not at
 # every reconcile. Normal events, one per step taken, are always posted.
@@ -52,7 +65,7 @@ def _api() -> Kube:
 
 
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
         prefix="flotilla.dev")
@@ -62,16 +75,106 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.scanning.disabled = STATIC_NAMESPACES
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
+    selector = ",".join(f"{k}={v}" for k, v in MANAGED.items())
+    for resource in ("statefulsets", "pods", "jobs"):
+        settings.watching.label_selectors[resource] = selector
+    # (namespace, name) -> the Event that wakes that cluster's daemon. The operator's memo is
+    # shallow-copied into each object's, so every handler sees this one dict.
+    memo.wakers = {}
 
 
-async def _reconcile(body: Mapping[str, Any], patch: kopf.Patch,
-                     logger: logging.Logger) -> None:
-    uid = body.get("metadata", {}).get("uid") or body.get("metadata", {}).get("name", "")
-    lock = _locks.setdefault(uid, asyncio.Lock())
-    async with lock:  # a change handler and the timer never reconcile one cluster at once
-        outcome = await asyncio.to_thread(reconcile, _api(), body,
-                                          default_image=_default_image())
-    patch["status"] = outcome.status
+def _key(body: Mapping[str, Any]) -> str:
+    meta = body.get("metadata") or {}
+    return str(meta.get("uid") or meta.get("name") or "")
+
+
+def _round(body: Mapping[str, Any]) -> Outcome:
+    """One reconcile, in a worker thread, under the cluster's lock."""
+    with _locks.setdefault(_key(body), threading.Lock()):
+        return reconcile(_api(), body, default_image=_default_image())
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=5.0)
+async def run(body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped,
+              logger: logging.Logger, **_: Any) -> None:
+    """The cluster's loop: a round, then a wait as `pacing.next_look` says, cut short by
+    `memo.wake`. `body` is kopf's live view of the RaftCluster; its status is the operator's
+    alone, so the daemon keeps what it last wrote (`written`) and plans from that, not from a
+    watch event that may not have arrived yet."""
+    meta = body.get("metadata") or {}
+    where = (str(meta.get("namespace")), str(meta.get("name")))
+    uid = _key(body)
+    wake = memo.wake = asyncio.Event()
+    memo.wakers[where] = wake
+    pace = pacing.Pace(safety=INTERVAL)
+    written: dict[str, Any] = copy.deepcopy(dict(body.get("status") or {}))
+    written_at = time.monotonic()
+    previous: Action | None = None
+    waited: float | None = None
+    try:
+        while not stopped:
+            wake.clear()
+            seen = copy.deepcopy(dict(body))
+            memo.seen = _changes(seen)
+            seen["status"] = copy.deepcopy(written)
+            try:
+                began = time.monotonic()
+                outcome = await asyncio.to_thread(_round, seen)
+                logger.debug(f"round of {time.monotonic() - began:.2f}s: "
+                             f"{outcome.status.get('lastAction')}")
+                await _tell(body, uid, outcome, logger)  # what was done, then where it stands
+                if pacing.write_due(written, outcome.status, time.monotonic() - written_at):
+                    await asyncio.to_thread(_api().patch, "RaftCluster", *where,
+                                            {"status": outcome.status}, "status")
+                    written = pacing.merge(written, outcome.status)
+                    written_at = time.monotonic()
+            except Exception as exc:  # the next round plans again from what it observes
+                logger.exception(f"round failed, retried: {exc}")
+                waited = pacing.next_look(None, True, previous, waited, pace)
+                previous = None
+            else:
+                action = outcome.plan.action if outcome.plan is not None else None
+                waited = pacing.next_look(action, outcome.step_error is not None, previous,
+                                          waited, pace,
+                                          restoring=outcome.status.get("phase") == "Restoring")
+                previous = action
+            if waited > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wake.wait(), timeout=waited)
+    finally:
+        if memo.wakers.get(where) is wake:
+            del memo.wakers[where]
+
+
+def _changes(body: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What, changed on the RaftCluster, calls for a round: its generation and spec (a status
+    the daemon wrote itself does not)."""
+    meta = body.get("metadata") or {}
+    return meta.get("generation"), body.get("spec"), meta.get("deletionTimestamp")
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+def cluster_event(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    wake = getattr(memo, "wake", None)
+    if wake is not None and _changes(body) != getattr(memo, "seen", None):
+        wake.set()
+
+
+@kopf.on.event("apps", "statefulsets", labels=MANAGED)
+@kopf.on.event("v1", "pods", labels=MANAGED)
+@kopf.on.event("batch", "jobs", labels=MANAGED)
+def owned_event(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """A StatefulSet, pod or Job of a cluster changed (a pod started, got ready, went; a Job
+    ended): its cluster's daemon looks again now."""
+    meta = body.get("metadata") or {}
+    cluster = (meta.get("labels") or {}).get(INSTANCE_LABEL)
+    wake = memo.wakers.get((meta.get("namespace"), cluster)) if cluster else None
+    if wake is not None:
+        wake.set()
+
+
+async def _tell(body: Mapping[str, Any], uid: str, outcome: Outcome,
+                logger: logging.Logger) -> None:
     events = [e for e in outcome.events if e[0] != "Warning" or _first_warning(uid, e)]
     for kind, reason, message in events:
         (logger.warning if kind == "Warning" else logger.info)(f"{reason}: {message}")
@@ -99,24 +202,10 @@ def _post(body: Mapping[str, Any], events: list[tuple[str, str, str]]) -> None:
                                                            reason, exc)
 
 
-@kopf.on.resume(GROUP, VERSION, PLURAL)
-@kopf.on.create(GROUP, VERSION, PLURAL)
-@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
-async def changed(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger,
-                  **_: Any) -> None:
-    await _reconcile(body, patch, logger)
-
-
-@kopf.timer(GROUP, VERSION, PLURAL, interval=INTERVAL, initial_delay=INTERVAL)
-async def tick(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger, **_: Any) -> None:
-    await _reconcile(body, patch, logger)
-
-
 @kopf.on.delete(GROUP, VERSION, PLURAL)
 async def deleted(body: kopf.Body, logger: logging.Logger, retry: int, **_: Any) -> None:
     try:
-        what = await asyncio.to_thread(finalize, _api(), body,
-                                       default_image=_default_image())
+        what = await asyncio.to_thread(_finalize, body)
     except Exception as exc:  # any failure: retried, then the deletion goes on regardless
         if retry + 1 < FINAL_SNAPSHOT_TRIES:
             raise kopf.TemporaryError(f"final snapshot failed: {exc}", delay=5) from exc
@@ -130,3 +219,10 @@ async def deleted(body: kopf.Body, logger: logging.Logger, retry: int, **_: Any)
         _warned.pop(body.get("metadata", {}).get("uid", ""), None)
     logger.info(what)
     await asyncio.to_thread(_post, body, [("Normal", "Deleting", what)])
+
+
+def _finalize(body: Mapping[str, Any]) -> str:
+    """The final snapshot, once no round of the cluster runs (a round the stopped daemon left
+    running in its thread finishes first)."""
+    with _locks.setdefault(_key(body), threading.Lock()):
+        return finalize(_api(), body, default_image=_default_image())

@@ -83,9 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--interval", type=_interval,
                    # a string default goes through the type too, so a bad env value is a
                    # usage error, not a traceback
-                   default=os.environ.get("FLOTILLA_OPERATOR_INTERVAL") or "5",
-                   help="seconds between reconciles of each cluster (env "
-                        "FLOTILLA_OPERATOR_INTERVAL; default 5)")
+                   default=os.environ.get("FLOTILLA_OPERATOR_INTERVAL") or "30",
+                   help="the safety interval: the longest a cluster goes without being "
+                        "looked at when nothing happens (steps follow each other at once, "
+                        "and events about the cluster, its pods and Jobs wake it; env "
+                        "FLOTILLA_OPERATOR_INTERVAL; default 30)")
     p.add_argument("--liveness", default=None, metavar="URL",
                    help="serve a liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
     p.add_argument("--verbose", "-v", action="store_true", help="debug logging")
@@ -101,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("flotilla operator: give --namespace or --all-namespaces, not both",
               file=sys.stderr)
         return EXIT_USAGE
-    # Read by the handlers module at import (kopf timers take their interval there).
+    # Read by the handlers module at import.
     os.environ["FLOTILLA_OPERATOR_INTERVAL"] = str(args.interval)
     if args.default_image:
         os.environ["FLOTILLA_DEFAULT_IMAGE"] = args.default_image

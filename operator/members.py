@@ -1,4 +1,5 @@
-"""How the operator reaches members: their own `/v1/status`, and the admin calls a step needs.
+"""How the operator reaches members: their own `/v1/status` (parsed once into the types of
+`memberstatus`, re-exported here), and the admin calls a step needs.
 
 A member is reached at its stable DNS name through the headless Service
 (`https://NAME-i.NAME-peers.NS.svc:2379`; http without TLS), verified against the cluster's CA
@@ -24,10 +25,12 @@ from cryptography import x509
 
 from flotilla.client import Client, FlotillaError
 
+from .memberstatus import Configuration, MemberStatus, Progress
 from .planner import Action, Step
 from .spec import ClusterSpec
 
-__all__ = ["ADMIN_TIMEOUT", "MEMBERSHIP_STEPS", "MEMBER_URLS_ENV", "Members", "call"]
+__all__ = ["ADMIN_TIMEOUT", "MEMBERSHIP_STEPS", "MEMBER_URLS_ENV", "Configuration",
+           "MemberStatus", "Members", "Progress", "call"]
 
 MEMBER_URLS_ENV = "FLOTILLA_OPERATOR_MEMBER_URLS"
 STATUS_TIMEOUT = 2.0  # a member slower than this to describe itself counts as not answering
@@ -59,22 +62,24 @@ class Members:
         override = self._override(member)
         return override["peer"] if override else self.spec.peer_url(member)
 
-    def statuses(self, members: Iterable[str]) -> dict[str, dict[str, Any] | None]:
-        """Each member's own /v1/status (None when it does not answer), asked in parallel."""
+    def statuses(self, members: Iterable[str]) -> dict[str, MemberStatus | None]:
+        """Each member's own /v1/status, parsed (None when it does not answer, or answers
+        with something that is not a status), asked in parallel."""
         names = list(members)
         if not names:
             return {}
         with ThreadPoolExecutor(max_workers=min(8, len(names))) as pool:
             return dict(zip(names, pool.map(self.status, names), strict=True))
 
-    def status(self, member: str) -> dict[str, Any] | None:
+    def status(self, member: str) -> MemberStatus | None:
         url = self.client_url(member)
         try:
             with Client(url, timeout=STATUS_TIMEOUT, retries=0, token=self.token,
                         ssl_context=self.ssl_context) as c:
-                return c.status(url)
+                doc = c.status(url)
         except (FlotillaError, ValueError, OSError):
             return None
+        return MemberStatus.parse(doc, source=f"{member} ({url})")
 
     def served_serials(self, members: Iterable[str]) -> dict[str, int | None]:
         """The serial number of the certificate each member serves on its client port (None

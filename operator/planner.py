@@ -43,6 +43,8 @@ from typing import Any
 
 from flotilla.node.consensus.membership import CATCH_UP_SLACK, caught_up, change_in_flight
 
+from .memberstatus import MemberStatus
+
 __all__ = [
     "CATCH_UP_SLACK",
     "Action",
@@ -139,7 +141,7 @@ class Slot:
     """One slot as the adapter saw it: its pod (or process), its volume and its own status."""
 
     running: bool = False  # the pod exists and is not terminating / the process is alive
-    status: Mapping[str, Any] | None = None  # its own GET /v1/status, None if it did not answer
+    status: MemberStatus | None = None  # its own GET /v1/status, None if it did not answer
     exit_code: int | None = None  # the last exit of its member process (crash loop), if any
     volume: bool = True  # its PVC / data dir exists
     outdated: bool = False  # its pod runs an older template than the StatefulSet's
@@ -166,7 +168,7 @@ class Plan:
     phase: str  # Bootstrapping, Ready, Scaling, Healing, Upgrading or Degraded
     degraded: str | None = None  # why the cluster is unhealthy, even while work goes on
     leader: str | None = None
-    leader_status: Mapping[str, Any] | None = None
+    leader_status: MemberStatus | None = None
 
 
 def plan(obs: Observed) -> Plan:
@@ -181,23 +183,21 @@ def plan(obs: Observed) -> Plan:
     if lead is None:
         return _without_leader(obs, slots, names, record)
 
-    config = lead.get("config") or {}
-    voters = set(config.get("voters") or ())
-    learners = set(config.get("learners") or ())
+    config = lead.config
+    voters, learners = set(config.voters), set(config.learners)
     members = voters | learners
     if not record.bootstrapped:
         record = replace(record, bootstrapped=True)
     record = _remember(record, lead, slots, members, obs.now)
     desired = set(names[: obs.desired])
-    commit = int(lead.get("commit_index") or 0)
-    progress = lead.get("members") or {}
+    commit = lead.commit_index
     unhealthy = [n for n in sorted(voters) if _status(slots.get(n)) is None]
     degraded = (f"voters not answering: {', '.join(unhealthy)}" if unhealthy else None)
 
     def done(step: Step, reason: str, phase: str, **kw: Any) -> Plan:
         return Plan(Action(step, reason, **kw), record, phase, degraded, leader, lead)
 
-    if change_in_flight(bool(config.get("joint")), int(config.get("index") or 0), commit):
+    if change_in_flight(config.joint is not None, config.index, commit):
         return done(Step.WAIT, "the leader is finishing a membership change", "Scaling")
 
     # 3. members whose data is gone or unusable leave the configuration first.
@@ -220,7 +220,7 @@ def plan(obs: Observed) -> Plan:
                         "first", "Scaling")
         if leader in departing:
             target = max(sorted(staying), key=lambda n: (_status(slots.get(n)) is not None,
-                                                         _match(progress, n) or 0))
+                                                         lead.match(n) or 0))
             return done(Step.TRANSFER_LEADER, f"the leader {leader} is leaving; leadership "
                         f"moves to {target} before the change", "Scaling", member=target)
         return done(Step.CHANGE_VOTERS, f"scale down: {', '.join(sorted(departing & voters))} "
@@ -251,18 +251,18 @@ def plan(obs: Observed) -> Plan:
     if new_learners:
         # Caught up, and admitted: a learner whose node has not yet read the configuration
         # that added it would be a voter that does not vote.
-        behind = [n for n in new_learners if not caught_up(_match(progress, n), commit)
-                  or (_status(slots.get(n)) or {}).get("admission")]
+        behind = [n for n in new_learners if not caught_up(lead.match(n), commit)
+                  or _admitting(slots.get(n))]
         for name in behind:
             track = record.catch_up.get(name)
             if (track is not None and track.since is not None
                     and obs.now - track.since > obs.catch_up_timeout):
                 return done(Step.REMOVE_MEMBER, f"learner {name} has not caught up in "
-                            f"{obs.catch_up_timeout:g}s (match {_match(progress, name)} of "
+                            f"{obs.catch_up_timeout:g}s (match {lead.match(name)} of "
                             f"commit {commit}); it is removed and added again (attempt "
                             f"{track.attempts + 1})", "Scaling", member=name)
         if behind:
-            lag = ", ".join(f"{n} at {_match(progress, n)}" for n in behind)
+            lag = ", ".join(f"{n} at {lead.match(n)}" for n in behind)
             return done(Step.WAIT, f"learners catching up to commit {commit}: {lag}",
                         "Scaling")
         target = tuple(sorted(voters | set(new_learners)))
@@ -273,7 +273,7 @@ def plan(obs: Observed) -> Plan:
     outdated = [n for n in names[: obs.size] if _restart_due(slots[n]) and n in members]
     if outdated:
         behind = [n for n in sorted(members) if _status(slots.get(n)) is None
-                  or not caught_up(_match(progress, n), commit)]
+                  or not caught_up(lead.match(n), commit)]
         if behind:
             return done(Step.WAIT, f"rolling restart: waiting for {', '.join(behind)} to "
                         "answer and catch up before the next restart", "Upgrading")
@@ -284,7 +284,7 @@ def plan(obs: Observed) -> Plan:
                         "Upgrading", member=followers[0])
         current = [n for n in sorted(voters) if n != leader and not _restart_due(slots[n])]
         if current:
-            target = max(current, key=lambda n: _match(progress, n) or 0)
+            target = max(current, key=lambda n: lead.match(n) or 0)
             what = ("old pod template" if slots[leader].outdated
                     else "certificate its Secret no longer holds")
             return done(Step.TRANSFER_LEADER, f"the leader {leader} is the last on the {what}; "
@@ -315,36 +315,35 @@ def _restart_why(slot: Slot) -> str:
 # --- observations ---------------------------------------------------------------------------
 
 
-def _status(slot: Slot | None) -> Mapping[str, Any] | None:
+def _status(slot: Slot | None) -> MemberStatus | None:
     return slot.status if slot is not None and slot.running else None
 
 
-def _leader(slots: Mapping[str, Slot]) -> tuple[str | None, Mapping[str, Any] | None]:
+def _admitting(slot: Slot | None) -> bool:
+    """Whether the member answers but its node has not yet read the configuration that
+    admits it (it would not vote)."""
+    status = _status(slot)
+    return status is not None and status.admission is not None
+
+
+def _leader(slots: Mapping[str, Slot]) -> tuple[str | None, MemberStatus | None]:
     """The member that says it leads, in the highest term any says so (an old leader cut off
     from the others can still believe it leads, in an older term)."""
-    best: tuple[int, str, Mapping[str, Any]] | None = None
+    best: tuple[int, str, MemberStatus] | None = None
     for name, slot in slots.items():
         status = _status(slot)
-        if status and status.get("role") == "leader":
-            term = int(status.get("term") or 0)
-            if best is None or term > best[0]:
-                best = (term, name, status)
+        if status is not None and status.leads and (best is None or status.term > best[0]):
+            best = (status.term, name, status)
     return (best[1], best[2]) if best else (None, None)
-
-
-def _match(progress: Mapping[str, Any], name: str) -> int | None:
-    info = progress.get(name) or {}
-    match = info.get("match_index")
-    return int(match) if match is not None else None
 
 
 def _broken(name: str, slot: Slot | None, record: Record, voter: bool) -> str | None:
     """Why `name`, a member of the configuration, can never serve on its volume again."""
     status = _status(slot)
     known = record.uids.get(name)
-    if status is not None and known and status.get("member_uid") not in (None, known):
+    if status is not None and known and status.member_uid not in (None, known):
         return "came back on a new, empty volume (its member_uid changed)"
-    if status is not None and voter and status.get("admission"):
+    if status is not None and voter and status.admission:
         return ("started empty although the cluster counts it as a voter (its volume was "
                 "lost), so it does not vote")
     if status is None and slot is not None and slot.exit_code == EXIT_BAD_DATA_DIR:
@@ -359,14 +358,14 @@ def _stale(slot: Slot, record: Record) -> str | None:
     status = _status(slot)
     if status is None:
         return None
-    if status.get("member_uid") in record.removed:
+    if status.member_uid in record.removed:
         return "is back on the volume of a member that was removed"
-    if int(status.get("last_index") or 0) > 0 or _config_members(status):
+    if status.last_index > 0 or status.config.members:
         return "holds data from when it was a member"
     return None
 
 
-def _remember(record: Record, lead: Mapping[str, Any], slots: Mapping[str, Slot],
+def _remember(record: Record, lead: MemberStatus, slots: Mapping[str, Slot],
               members: set[str], now: float) -> Record:
     """Bring the record up to date with what the leader says: the uids of members that serve,
     the uids of members that left (never to rejoin), and the learners' catch-up clocks."""
@@ -377,11 +376,11 @@ def _remember(record: Record, lead: Mapping[str, Any], slots: Mapping[str, Slot]
             removed[uids.pop(name)] = name
     for name in members:
         status = _status(slots.get(name))
-        uid = status.get("member_uid") if status else None
-        if uid and name not in uids and uid not in removed and name in _config_members(status):
+        uid = status.member_uid if status else None
+        if (status is not None and uid and name not in uids and uid not in removed
+                and name in status.config.members):
             uids[name] = uid  # first sight of a member that holds the configuration itself
-    config = lead.get("config") or {}
-    learners, voters = set(config.get("learners") or ()), set(config.get("voters") or ())
+    learners, voters = set(lead.config.learners), set(lead.config.voters)
     catch_up: dict[str, CatchUp] = {}
     for name, track in record.catch_up.items():
         if name in learners:
@@ -402,14 +401,9 @@ def _removed(doc: Any) -> dict[str, str]:
     return {str(uid): "" for uid in doc or ()}
 
 
-def _config_members(status: Mapping[str, Any]) -> set[str]:
-    config = status.get("config") or {}
-    return set(config.get("voters") or ()) | set(config.get("learners") or ())
-
-
 def _without_leader(obs: Observed, slots: Mapping[str, Slot], names: Sequence[str],
                     record: Record) -> Plan:
-    answering = {n: s.status for n, s in slots.items() if _status(s) is not None}
+    answering = {n: status for n, s in slots.items() if (status := _status(s)) is not None}
     if not record.bootstrapped:
         if obs.size == 0:
             return Plan(Action(Step.RESIZE, f"bootstrap: {obs.desired} members start as the "
@@ -422,11 +416,10 @@ def _without_leader(obs: Observed, slots: Mapping[str, Slot], names: Sequence[st
         return Plan(Action(Step.WAIT, f"{reason}; nothing is changed automatically"), record,
                     "Degraded", reason)
     # The newest configuration any answering member holds decides what a quorum is.
-    newest = max(answering.values(), key=lambda s: (int(s.get("term") or 0),
-                                                     int(s.get("commit_index") or 0)))
-    config = newest.get("config") or {}
-    groups = ([config["joint"]["old"], config["joint"]["new"]] if config.get("joint")
-              else [config.get("voters") or ()])
+    newest = max(answering.values(), key=lambda s: (s.term, s.commit_index))
+    config = newest.config
+    groups = ([config.joint.old, config.joint.new] if config.joint is not None
+              else [config.voters])
     short = []
     for group in groups:
         up = [v for v in group if v in answering]

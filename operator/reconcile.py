@@ -6,7 +6,8 @@ from `planner.plan`; this module only translates between Kubernetes objects and 
 slots, and carries out the step with the API server or the members' admin API.
 
 Idempotent by construction: the owned objects are compared with what `render` produces and
-patched only where they differ, and the step is recomputed from scratch on every call.
+applied (server-side apply) only where they differ, and the step is recomputed from scratch on
+every call.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from . import archivejobs, certs, render, restorejob, tlsassets
 from .jobs import foreign
 from .kube import ApiError, Kube
 from .members import Members
+from .memberstatus import ArchiveState, Configuration, SnapshotState
 from .planner import Action, CatchUp, Observed, Plan, Record, Slot, Step, plan
 from .restorejob import Move, Stage
 from .spec import ARCHIVE_JOBS, ClusterSpec, SpecError
@@ -73,6 +75,7 @@ class Outcome:
     status: dict[str, Any]
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
     plan: Plan | None = None
+    step_error: str | None = None  # why the planned step failed, if it did
 
 
 def reconcile(kube: Kube, body: Mapping[str, Any], *, default_image: str,
@@ -142,12 +145,12 @@ def reconcile(kube: Kube, body: Mapping[str, Any], *, default_image: str,
                             f"{', '.join(waiting)} (spec.tls.issuerRef) before growing to "
                             f"{action.size} pods")
             result = dataclasses.replace(result, action=action)
-    lead = result.leader_status or {}
-    config = lead.get("config") or {}
-    voters = list(config.get("voters") or [])
-    joint = config.get("joint") or {}
+    lead = result.leader_status
+    config = lead.config if lead is not None else Configuration()
+    voters = sorted(config.voters)
     # While joint, both voter sets must keep a quorum: the smaller one bounds the budget.
-    fewest = min([len(voters), *(len(joint[k]) for k in ("old", "new") if joint.get(k))])
+    fewest = min([len(voters), *((len(config.joint.old), len(config.joint.new))
+                                 if config.joint is not None else ())])
 
     # The owned objects, created or brought in line (never resized here but by a step).
     target_size = action.size if action.step is Step.RESIZE else size
@@ -181,11 +184,11 @@ def reconcile(kube: Kube, body: Mapping[str, Any], *, default_image: str,
                            f"{action.describe()}; failed, retried next round: {step_error}"))
         else:
             events.append(("Normal", REASONS[action.step], action.describe()))
-    status = _status(spec, old, result, pods, statuses, voters, step_error, stage)
+    status = _status(spec, old, result, pods, voters, step_error, stage)
     status["tls"] = _replacing(old.get("tls") or {}, tls.status)
     if archive_jobs is not None:
         status["archiveJobs"] = archive_jobs
-    return Outcome(status, events, result)
+    return Outcome(status, events, result, step_error)
 
 
 def operator_peer() -> dict[str, Any] | None:
@@ -411,23 +414,22 @@ def _carry_out(kube: Kube, members: Members, spec: ClusterSpec, action: Any,
 
 
 def _ensure(kube: Kube, obj: Mapping[str, Any], current: Mapping[str, Any] | None) -> bool:
-    """Create `obj`, or merge-patch `current` where it differs. True if created."""
-    meta = obj["metadata"]
-    if current is None:
-        kube.create(obj)
-        return True
-    section = "data" if obj["kind"] == "ConfigMap" else "spec"
-    wanted = {k: v for k, v in obj[section].items() if k in _MUTABLE[obj["kind"]]}
-    have = current.get(section) or {}
-    changed = {k: v for k, v in wanted.items() if not _covers(have.get(k), v)}
-    patch: dict[str, Any] = {section: changed} if changed else {}
-    labels = meta.get("labels") or {}
-    if any((current.get("metadata", {}).get("labels") or {}).get(k) != v
-           for k, v in labels.items()):
-        patch["metadata"] = {"labels": labels}
-    if patch:
-        kube.patch(obj["kind"], meta["namespace"], meta["name"], patch)
-    return False
+    """Server-side apply `obj` when it is missing, or when a field that may change (or a
+    label) differs from `current`. True if it was created.
+
+    The comparison first, so an object already as rendered costs no write (and no watch event
+    that would wake the operator again); the apply then sends the whole object, so what the
+    operator stopped rendering is removed too, which a merge patch could not do."""
+    if current is not None:
+        section = "data" if obj["kind"] == "ConfigMap" else "spec"
+        have = current.get(section) or {}
+        labels = (current.get("metadata") or {}).get("labels") or {}
+        if all(_covers(have.get(k), v) for k, v in obj[section].items()
+               if k in _MUTABLE[obj["kind"]]) and all(
+                labels.get(k) == v for k, v in (obj["metadata"].get("labels") or {}).items()):
+            return False
+    kube.apply(obj)
+    return current is None
 
 
 def _covers(current: Any, wanted: Any) -> bool:
@@ -521,22 +523,22 @@ def _rfc3339(epoch: float) -> str:
 
 
 def _status(spec: ClusterSpec, old: Mapping[str, Any], result: Plan,
-            pods: Mapping[str, Any], statuses: Mapping[str, Any], voters: list[str],
+            pods: Mapping[str, Any], voters: list[str],
             step_error: str | None, stage: Stage | None = None) -> dict[str, Any]:
     """`stage`: the restore stage, when it ended this round (else what status recorded)."""
-    lead = result.leader_status or {}
+    lead = result.leader_status
     record = result.record
-    config = lead.get("config") or {}
-    progress = lead.get("members") or {}
+    config = lead.config if lead is not None else Configuration()
+    progress = lead.members if lead is not None else {}
     members = []
     for name in sorted(progress, key=_ordinal):
-        info = progress[name] or {}
-        members.append({"name": name, "role": info.get("role") or "unknown",
-                        "matchIndex": int(info.get("match_index") or 0),
+        info = progress[name]
+        members.append({"name": name, "role": info.role,
+                        "matchIndex": info.match_index or 0,
                         "uid": record.uids.get(name, ""), "ready": _ready(pods.get(name))})
-    snapshot = lead.get("snapshot") or {}
-    archive = lead.get("archive") or {}
-    commit = int(lead.get("commit_index") or 0)
+    snapshot = lead.snapshot if lead is not None else SnapshotState()
+    archive = lead.archive if lead is not None else ArchiveState()
+    commit = lead.commit_index if lead is not None else 0
     action = result.action
     generation = spec.generation
     status: dict[str, Any] = {
@@ -548,15 +550,14 @@ def _status(spec: ClusterSpec, old: Mapping[str, Any], result: Plan,
         "clusterId": spec.cluster_id,
         "bootstrapped": record.bootstrapped,
         "leader": result.leader or "",
-        "term": int(lead.get("term") or old.get("term") or 0),
+        "term": (lead.term if lead is not None else 0) or int(old.get("term") or 0),
         "commitIndex": commit,
-        "configuration": {"voters": sorted(config.get("voters") or []),
-                          "learners": sorted(config.get("learners") or []),
-                          "joint": bool(config.get("joint"))},
+        "configuration": {"voters": sorted(config.voters),
+                          "learners": sorted(config.learners),
+                          "joint": config.joint is not None},
         "members": members,
-        "lastSnapshot": {"index": int(snapshot.get("index") or 0),
-                         "term": int(snapshot.get("term") or 0),
-                         "bytes": int(snapshot.get("bytes") or 0)},
+        "lastSnapshot": {"index": snapshot.index, "term": snapshot.term,
+                         "bytes": snapshot.bytes},
         "removedMembers": [{"name": name, "uid": uid}
                            for uid, name in sorted(record.removed.items())],
         "catchUp": [{"name": n, "attempts": c.attempts,
@@ -565,13 +566,13 @@ def _status(spec: ClusterSpec, old: Mapping[str, Any], result: Plan,
         "lastAction": action.describe() + (f" (failed: {step_error})" if step_error else ""),
     }
     if spec.archive is not None:
-        archived = archive.get("last_archived_index")
+        archived = archive.last_archived_index or 0
         status["archive"] = {
-            "url": archive.get("url") or spec.archive.url,
-            "lastArchivedIndex": int(archived or 0),
-            "lastSnapshotIndex": int(archive.get("last_snapshot_index") or 0),
-            "lag": max(0, commit - int(archived or 0)),
-            "error": archive.get("error") or "",
+            "url": archive.url or spec.archive.url,
+            "lastArchivedIndex": archived,
+            "lastSnapshotIndex": archive.last_snapshot_index or 0,
+            "lag": max(0, commit - archived),
+            "error": archive.error or "",
         }
     done = action.step is Step.DONE
     wanted: dict[str, tuple[bool, str, str]] = {
@@ -583,10 +584,10 @@ def _status(spec: ClusterSpec, old: Mapping[str, Any], result: Plan,
                      result.degraded or "every voter answers"),
     }
     if spec.archive is not None:
-        error = archive.get("error")
-        wanted["Archiving"] = (bool(lead) and not error, "ArchiveError" if error else (
-            "Shipping" if lead else "NoLeader"), error or f"archived up to index "
-            f"{archive.get('last_archived_index') or 0} of {commit}")
+        error = archive.error
+        wanted["Archiving"] = (lead is not None and not error, "ArchiveError" if error else (
+            "Shipping" if lead is not None else "NoLeader"), error or f"archived up to index "
+            f"{archive.last_archived_index or 0} of {commit}")
     if spec.restored_cluster_id is not None:
         status["restore"] = _restore_record(spec, stage, old)
         restored = _condition(old, "Restored")

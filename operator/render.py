@@ -242,6 +242,9 @@ def node_env(
         _value("FLOTILLA_ELECTION_TIMEOUT_MS", spec.timing.election_timeout_ms),
         _value("FLOTILLA_HEARTBEAT_MS", spec.timing.heartbeat_ms),
         _value("FLOTILLA_SNAPSHOT_POLICY", spec.snapshot_policy),
+        # spec.stateMachine: the node's --state-machine (absent: the key-value machine)
+        _value("FLOTILLA_STATE_MACHINE", spec.state_machine.cls
+               if spec.state_machine is not None else None),
     ]
     if spec.archive is not None:
         archive = spec.archive
@@ -325,6 +328,8 @@ def restore_job(spec: ClusterSpec) -> Manifest:
     args += _archive_access(spec)
     args += ["--index", str(restore.index)] if restore.index is not None else [
         "--time", str(restore.time)]
+    if spec.state_machine is not None:  # replayed in one task, as that machine applies
+        args += ["--state-machine", spec.state_machine.cls]
     args += ["--to-cluster-id", cluster_id, "--result-file", TERMINATION_LOG]
     labels = spec.restore_job_labels
     return {

@@ -263,6 +263,15 @@ class Network:
 
 
 @dataclass(frozen=True)
+class StateMachine:
+    """spec.stateMachine: the members' replicated state machine, `module:Class` (the node's
+    --state-machine), and the image that carries its module (None: spec.image)."""
+
+    cls: str
+    image: str | None = None
+
+
+@dataclass(frozen=True)
 class Timing:
     election_timeout_ms: int = 1000
     heartbeat_ms: int = 100
@@ -289,6 +298,7 @@ class ClusterSpec:
     cluster_id: str
     tls: Tls = field(default_factory=Tls)
     network: Network = field(default_factory=Network)
+    state_machine: StateMachine | None = None  # None: the built-in key-value machine
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any], default_image: str = DEFAULT_IMAGE) -> ClusterSpec:
@@ -308,13 +318,17 @@ class ClusterSpec:
                        if spec.present("adminTokenSecret") else None)
         tls = _tls_as_running(_tls(spec.section("tls"), name),
                               status if isinstance(status, Mapping) else {})
+        machine = (_state_machine(spec.section("stateMachine"))
+                   if spec.present("stateMachine") else None)
         return cls(
             name=name,
             namespace=namespace,
             uid=uid,
             generation=metadata.integer("generation", default=0, minimum=0),
             replicas=spec.integer("replicas", default=3, minimum=1, maximum=MAX_REPLICAS),
-            image=spec.string("image") or default_image,
+            # The image that carries the user's state machine runs the members and Jobs.
+            image=(machine.image if machine is not None and machine.image else None)
+            or spec.string("image") or default_image,
             image_pull_policy=spec.choice(
                 "imagePullPolicy", ("Always", "IfNotPresent", "Never"), "IfNotPresent"
             ),
@@ -329,6 +343,7 @@ class ClusterSpec:
             cluster_id=_cluster_id(spec, recorded_id, namespace, name, uid),
             tls=tls,
             network=_network(spec.section("network")),
+            state_machine=machine,
         )
 
     # --- names every owned object and member derives from ------------------------------------
@@ -660,6 +675,24 @@ def _export(fields: _Fields) -> Export:
         format=fields.choice("format", ("parquet", "delta"), "parquet"),
         suspend=fields.boolean("suspend", default=False),
     )
+
+
+# module:attribute, where the module is a dotted import path and the attribute may be dotted
+# (a class inside a class): what the node's --state-machine and the pipeline's take.
+_IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
+_STATE_MACHINE = re.compile(rf"{_IDENTIFIER}(\.{_IDENTIFIER})*:{_IDENTIFIER}(\.{_IDENTIFIER})*")
+
+
+def _state_machine(fields: _Fields) -> StateMachine:
+    where = fields.where("class")
+    spec = fields.string("class", required="the state machine as module:Class, such as "
+                         "counter.machine:Counter")
+    if spec is None or not _STATE_MACHINE.fullmatch(spec):
+        raise SpecError(
+            f"{where} must be module:Class, a Python module path and the machine's class in it "
+            f"(such as counter.machine:Counter, or pkg.mod:Outer.Machine), not {spec!r}; "
+            "leave spec.stateMachine out for the built-in key-value machine")
+    return StateMachine(cls=spec, image=fields.string("image") or None)
 
 
 def _check_cronjob_names(name: str, archive: Archive) -> None:

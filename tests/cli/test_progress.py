@@ -9,6 +9,7 @@ from pathlib import Path
 
 from flotilla.node.archive import ClusterArchive, open_archive
 from flotilla.node.restore import ProgressFile
+from flotilla.operator.memberstatus import MemberStatus
 from flotilla.operator.planner import Action, Plan, Record, Step
 
 from flotilla import local
@@ -79,18 +80,20 @@ def test_a_restore_reports_every_byte_it_fetches_and_leaves_no_progress_file(tmp
 
 
 def test_scale_draws_the_slowest_learner_against_the_commit_index():
-    status = {"commit_index": 900, "config": {"voters": ["n1"], "learners": ["n2", "n3"]},
-              "members": {"n1": {"match_index": 900}, "n2": {"match_index": 300},
-                          "n3": {"match_index": 600}}}
+    def waiting(n2: int, n3: int) -> Plan:
+        status = MemberStatus.parse({
+            "name": "n1", "role": "leader", "commit_index": 900,
+            "config": {"voters": ["n1"], "learners": ["n2", "n3"]},
+            "members": {"n1": {"match_index": 900}, "n2": {"match_index": n2},
+                        "n3": {"match_index": n3}}})
+        return Plan(Action(Step.WAIT, "learners catching up"), Record(), "Scaling",
+                    leader_status=status)
+
     out = io.StringIO()
-    waiting = Plan(Action(Step.WAIT, "learners catching up"), Record(), "Scaling",
-                   leader_status=status)
     with Bar(file=out, disable=False) as bar:
-        _show_catch_up(waiting, bar)
+        _show_catch_up(waiting(300, 600), bar)
         assert "n2, n3 catching up:  33%" in out.getvalue() and "300/900" in out.getvalue()
-        status["members"]["n2"]["match_index"] = 900
-        _show_catch_up(waiting, bar)
+        _show_catch_up(waiting(900, 600), bar)
         assert "n3 catching up:  67%" in out.getvalue()
-        status["members"]["n3"]["match_index"] = 900
-        _show_catch_up(waiting, bar)
+        _show_catch_up(waiting(900, 900), bar)
         assert bar._bar is None  # nobody behind: the bar is gone

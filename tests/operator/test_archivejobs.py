@@ -260,8 +260,12 @@ def test_a_changed_schedule_or_flag_is_patched_in():
     rounds(kube, obj)
     patched = {name: patch for kind, name, patch in kube.patches if kind == "CronJob"}
     assert set(patched) == {"demo-compact", "demo-export"}
+    # applied whole (server-side apply), as rendered from the changed spec
+    changed = ClusterSpec.from_body(obj, default_image="flotilla:test")
+    assert patched["demo-compact"] == render.archive_cronjob(changed, "compaction")
     assert patched["demo-compact"]["spec"]["schedule"] == "30 4 * * *"
-    assert patched["demo-export"]["spec"] == {"suspend": True}
+    assert patched["demo-export"] == render.archive_cronjob(changed, "export")
+    assert patched["demo-export"]["spec"]["suspend"] is True
     compact = kube.objects[("CronJob", "prod", "demo-compact")]["spec"]
     (container,) = compact["jobTemplate"]["spec"]["template"]["spec"]["containers"]
     assert container["args"][-4:] == ["--delete-retention", "48h", "--result-file",

@@ -52,7 +52,9 @@ OPERATOR_NS = "flotilla-system"
 @pytest.fixture
 def world(request, tmp_path: Path):
     """kmock, the stand-in kubelet and the operator; `world` parametrized indirectly with a
-    dict adds to the operator's environment."""
+    dict adds to the operator's environment (its "--interval" key is the operator's flag)."""
+    param = dict(getattr(request, "param", {}))
+    interval = param.pop("--interval", "0.5")
     server = Kmock().start()
     api = server.api()
     kubelet = Kubelet(api, NS, tmp_path).start()
@@ -62,13 +64,13 @@ def world(request, tmp_path: Path):
                 # where the chart's operator runs: its namespace reaches every cluster's members
                 "FLOTILLA_OPERATOR_NAMESPACE": OPERATOR_NS,
                 "FLOTILLA_OPERATOR_POD_LABELS": "app.kubernetes.io/name=flotilla-operator",
-                **getattr(request, "param", {})})
+                **param})
     log = open(tmp_path / "operator.log", "wb")  # noqa: SIM115 (closed below)
     # Members are reached at their cluster DNS names (which their certificates name), resolved
     # by clusterdns in the operator's process and in this one.
     operator = subprocess.Popen(
         clusterdns.command(kubelet.dns_file, "flotilla", "operator", "--all-namespaces",
-                           "--interval", "0.5", "--default-image", "flotilla:test"),
+                           "--interval", interval, "--default-image", "flotilla:test"),
         env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         with clusterdns.installed(kubelet.dns_file):
@@ -244,6 +246,10 @@ def test_apply_scale_and_delete_a_raft_cluster(world):
     wait_for(lambda: api.get("PersistentVolumeClaim", NS, "data-demo-3") is None
              and api.get("PersistentVolumeClaim", NS, "data-demo-4") is None, 20,
              "the removed members' claims to go (policy Delete)")
+    # Each Event follows its step: the last claim can go a moment before its Event is posted
+    # (and the cluster is Ready with 3 voters while the last removed pod is still stopping).
+    wait_for(lambda: [r for _, r, _ in events(api)[seen:]].count("VolumeDeleted") >= 2, 10,
+             "the Event of each deleted volume")
     steps = [(reason, message.split(":")[0]) for kind, reason, message in events(api)[seen:]
              if kind == "Normal" and reason != "Created"]
     assert steps[0][0] == "LeadershipTransferred", steps
@@ -271,6 +277,37 @@ def test_apply_scale_and_delete_a_raft_cluster(world):
     final = [m for _, reason, m in events(api) if reason == "Deleting"]
     assert final and final[0].startswith("final snapshot at index"), events(api)[-5:]
     assert set((root / "archive").rglob("*.snap")) - before, "no new snapshot in the archive"
+
+
+SAFETY_INTERVAL = 120.0
+
+
+@pytest.mark.parametrize("world", [{"--interval": str(SAFETY_INTERVAL)}], indirect=True)
+def test_steps_follow_each_other_without_waiting_for_the_safety_interval(world):
+    """With a safety interval of two minutes, a bootstrap and a scale 3 -> 5 (six steps and
+    the waits between them) are done well within it: each step follows the one before as soon
+    as it completed, and the waits end on events (a pod that starts or gets ready, the spec
+    patched) or on what the members say, never on the timer."""
+    _, api, kubelet, root = world
+    began = time.monotonic()
+    api.create(raft_cluster((root / "archive").as_uri()))
+    wait_status(api, lambda s: s.get("phase") == "Ready" and s.get("replicas") == 3,
+                "the cluster to be Ready with 3 voters", SAFETY_INTERVAL / 2, kubelet)
+    seen = len(events(api))
+    api.patch("RaftCluster", NS, NAME, {"spec": {"replicas": 5}, "metadata": {"generation": 2}})
+    status = wait_status(api, lambda s: s.get("replicas") == 5 and s.get("phase") == "Ready",
+                         "5 voters", SAFETY_INTERVAL / 2, kubelet)
+    assert time.monotonic() - began < SAFETY_INTERVAL / 2
+    assert status["configuration"] == {"voters": [f"demo-{i}" for i in range(5)],
+                                       "learners": [], "joint": False}
+    steps = [(reason, message.split(":")[0]) for kind, reason, message in events(api)[seen:]
+             if kind == "Normal" and reason != "Created"]
+    assert steps == [
+        ("Resized", "resize to 5"),
+        ("LearnerAdded", "add-learner demo-3"), ("LearnerAdded", "add-learner demo-4"),
+        ("VotersChanged", "change-voters to demo-0, demo-1, demo-2, demo-3, demo-4"),
+    ], steps
+    assert_admitted(api)
 
 
 def test_an_invalid_spec_is_reported_and_nothing_is_created(world):

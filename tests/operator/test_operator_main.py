@@ -23,8 +23,18 @@ def started(monkeypatch) -> dict[str, Any]:
 
 def scanning_disabled() -> bool:
     settings = kopf.OperatorSettings()
-    handlers.configure(settings=settings)
+    handlers.configure(settings=settings, memo=kopf.Memo())
     return settings.scanning.disabled
+
+
+def test_only_what_the_operator_made_is_watched_besides_raftclusters():
+    settings, memo = kopf.OperatorSettings(), kopf.Memo()
+    handlers.configure(settings=settings, memo=memo)
+    selectors = {selector.any_name: value
+                 for selector, value in settings.watching.label_selectors.items()}
+    assert selectors == dict.fromkeys(("statefulsets", "pods", "jobs"),
+                                      "app.kubernetes.io/managed-by=flotilla-operator")
+    assert memo.wakers == {}
 
 
 def test_exact_namespaces_need_no_cluster_wide_scanning(started):

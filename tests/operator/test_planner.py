@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pytest
+from flotilla.operator.memberstatus import MemberStatus
 from flotilla.operator.planner import (
     CATCH_UP_SLACK,
     CatchUp,
@@ -71,15 +72,17 @@ class World:
                       "admission": "fenced" if name in self.fenced else None}
             if name == self.leader:
                 status["members"] = progress
-            slots[name] = Slot(running=True, status=status, outdated=name in self.outdated,
+            slots[name] = Slot(running=True, status=MemberStatus.parse(status),
+                               outdated=name in self.outdated,
                                stale_certificate=name in self.renewed)
         for name in self.fresh:
-            slots[name] = Slot(running=True, status=_fresh(name, uid(name) + "-new"))
+            slots[name] = Slot(running=True,
+                               status=MemberStatus.parse(_fresh(name, uid(name) + "-new")))
         for name, old_uid in self.stale.items():
             old = {"voters": ["n1", "n2", "n3", name], "learners": [], "joint": None}
-            slots[name] = Slot(running=True, status={
+            slots[name] = Slot(running=True, status=MemberStatus.parse({
                 "name": name, "member_uid": old_uid, "role": "follower", "term": 3,
-                "leader": None, "commit_index": 40, "last_index": 41, "config": old})
+                "leader": None, "commit_index": 40, "last_index": 41, "config": old}))
         for name in self.exit3:
             if name not in members:
                 slots[name] = Slot(running=True, status=None, exit_code=3)
@@ -361,7 +364,7 @@ class Toy:
             if name == self.leader:
                 status["members"] = {n: {"match_index": self.commit}
                                      for n in self.voters + self.learners}
-            slots[name] = Slot(running=True, status=status, volume=True)
+            slots[name] = Slot(running=True, status=MemberStatus.parse(status), volume=True)
         return Observed(desired, self.size, slots, NAMES, record, now=0.0)
 
     def apply(self, action) -> None:

@@ -160,7 +160,7 @@ def test_without_a_point_in_time_there_is_no_stage():
 
 
 class MemoryKube:
-    """get/list/create/patch/delete over a dict; the operator's calls are recorded."""
+    """get/list/create/patch/apply/delete over a dict; the operator's calls are recorded."""
 
     def __init__(self) -> None:
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
@@ -188,6 +188,14 @@ class MemoryKube:
               subresource: str = "") -> dict[str, Any]:
         self.calls.append(("patch", kind, name))
         return {}
+
+    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Server-side apply as the API server takes it: a create when the object is missing,
+        else a PATCH of the whole object."""
+        meta = obj["metadata"]
+        if (obj["kind"], meta["namespace"], meta["name"]) not in self.objects:
+            return self.create(obj)
+        return self.patch(obj["kind"], meta["namespace"], meta["name"], copy.deepcopy(obj))
 
     def delete(self, kind: str, namespace: str, name: str, propagation: str | None = None) -> bool:
         self.calls.append(("delete", kind, name))

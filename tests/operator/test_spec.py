@@ -499,6 +499,16 @@ INVALID = [
      "matchExpressions[0]: Exists takes no list of values"),
     ("network.clientFrom", [{"podSelector": {"labels": {}}}],
      "spec.network.clientFrom[0].podSelector has labels: a label selector takes"),
+    ("stateMachine.class", "counter", "spec.stateMachine.class must be module:Class"),
+    ("stateMachine.class", "counter.machine:Counter:x", "not 'counter.machine:Counter:x'"),
+    ("stateMachine.class", "counter-machine:Counter", "spec.stateMachine.class must be "
+                                                      "module:Class"),
+    ("stateMachine.class", "counter.:Counter", "spec.stateMachine.class must be module:Class"),
+    ("stateMachine.class", ":Counter", "spec.stateMachine.class must be module:Class"),
+    ("stateMachine.class", 7, "spec.stateMachine.class must be a string"),
+    ("stateMachine", {"image": "registry/counter:1"}, "spec.stateMachine.class"),
+    ("stateMachine", "counter:Counter", "spec.stateMachine must be an object"),
+    ("stateMachine", {"class": "c:C", "image": 7}, "spec.stateMachine.image must be a string"),
 ]
 
 
@@ -918,3 +928,21 @@ def test_a_cluster_that_bootstrapped_before_tls_existed_keeps_running_without():
     # a cluster not bootstrapped yet takes the spec as it is
     fresh = ClusterSpec.from_body(body(status={"bootstrapped": False}))
     assert (fresh.tls.enabled, fresh.tls.legacy) == (True, False)
+
+
+@pytest.mark.parametrize("machine", ["counter:Counter", "counter.machine:Counter",
+                                     "pkg.sub.mod:Outer.Machine", "_m:_C"])
+def test_a_state_machine_is_module_colon_class_with_dotted_parts(machine):
+    spec = ClusterSpec.from_body(body({"stateMachine": {"class": machine}}),
+                                 default_image="flotilla:1")
+    assert spec.state_machine.cls == machine and spec.state_machine.image is None
+    assert spec.image == "flotilla:1"  # no image of its own: the cluster's
+
+
+def test_the_state_machines_image_runs_the_members():
+    spec = ClusterSpec.from_body(body({"image": "flotilla:1", "stateMachine": {
+        "class": "counter:Counter", "image": "registry/counter:2"}}))
+    assert spec.image == "registry/counter:2"
+    assert spec.state_machine.image == "registry/counter:2"
+    assert ClusterSpec.from_body(body()).state_machine is None
+

@@ -381,7 +381,7 @@ def test_the_default_render_runs_one_hardened_kopf_operator_clusterwide():
     (container,) = pod["containers"]
     assert container["command"] == ["flotilla", "operator"]
     assert "--all-namespaces" in container["args"]
-    assert "--interval=5" in container["args"]
+    assert "--interval=30" in container["args"]
     assert "--verbose" not in container["args"]
     (liveness,) = [a for a in container["args"] if a.startswith("--liveness=")]
     port = int(re.fullmatch(r"--liveness=http://0\.0\.0\.0:(\d+)/healthz", liveness).group(1))
