@@ -298,9 +298,9 @@ def test_caught_up_matches_the_nodes_rule(match, commit, expected) -> None:
 
 
 def test_the_planner_waits_for_exactly_the_rule_the_node_enforces() -> None:
-    from flotilla.node import http_api
+    from flotilla.node import node as member
     from flotilla.node.consensus import membership
-    assert caught_up is membership.caught_up is http_api.caught_up
+    assert caught_up is membership.caught_up is member.caught_up
 
 
 def test_a_scale_up_then_down_converges_step_by_step() -> None:
