@@ -972,7 +972,7 @@ def test_the_signing_and_encryption_env_names_are_node_flags():
 
 
 MACHINE = ClusterSpec.from_body(body({
-    "stateMachine": {"class": "counter.machine:Counter", "image": "registry/counter:2"},
+    "stateMachine": {"class": "flotilla.examples.counter:Counter", "image": "registry/counter:2"},
     "archive": {"url": "file:///mnt/archive", "compaction": {"schedule": "@daily"}},
     "bootstrap": {"restore": {"url": "s3://old", "clusterId": "c1", "index": 7}},
 }))
@@ -982,12 +982,11 @@ def test_a_state_machine_reaches_the_node_as_its_flag_in_its_image():
     statefulset = by_kind(objects(MACHINE), "StatefulSet")
     pod = statefulset["spec"]["template"]["spec"]
     env = pod_env(statefulset, "demo-0", by_kind(objects(MACHINE), "ConfigMap"))
-    assert env["FLOTILLA_STATE_MACHINE"] == "counter.machine:Counter"
+    assert env["FLOTILLA_STATE_MACHINE"] == "flotilla.examples.counter:Counter"
     assert {c["image"] for c in [*pod["containers"], *pod["initContainers"]]} == {
         "registry/counter:2"}
-    cfg = node_config(MACHINE, "demo-0")
-    if hasattr(cfg, "state_machine"):  # the node's --state-machine (CONTRACT.md)
-        assert cfg.state_machine == "counter.machine:Counter"
+    cfg = node_config(MACHINE, "demo-0")  # the node parses (and loads) --state-machine
+    assert cfg.state_machine == "flotilla.examples.counter:Counter"
     # without one, no flag: the node's default, the key-value machine
     assert "FLOTILLA_STATE_MACHINE" not in pod_env(
         by_kind(objects(BASIC), "StatefulSet"), "demo-0", by_kind(objects(BASIC), "ConfigMap"))
@@ -997,7 +996,7 @@ def test_the_pipeline_jobs_of_a_state_machine_run_in_its_image():
     job = render.restore_job(MACHINE)
     (container,) = job["spec"]["template"]["spec"]["containers"]
     assert container["image"] == "registry/counter:2"
-    assert restore_job_args(job)["state_machine"] == "counter.machine:Counter"
+    assert restore_job_args(job)["state_machine"] == "flotilla.examples.counter:Counter"
     assert restore_job_args(render.restore_job(RESTORE))["state_machine"] == "kv"
     cronjob = render.archive_cronjob(MACHINE, "compaction")
     (container,) = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
