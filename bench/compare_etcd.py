@@ -156,6 +156,32 @@ class System(Protocol):
     def close(self) -> None: ...
 
 
+def _kill(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
+def _restart(proc: subprocess.Popen, name: str, start: Callable[[str], None]) -> None:
+    if proc.poll() is None:
+        raise RuntimeError(f"{name} is still running")
+    start(name)
+
+
+def _close(procs: dict[str, subprocess.Popen], logs: dict[str, Any]) -> None:
+    """Stop every member (SIGTERM, then SIGKILL after 10 s) and close its log."""
+    for proc in procs.values():
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in procs.values():
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    for log in logs.values():
+        log.close()
+
+
 class EtcdCluster:
     """Three etcd members on loopback, started as plain processes."""
 
@@ -246,27 +272,13 @@ class EtcdCluster:
         return doc["header"]["member_id"], doc.get("leader", "0")
 
     def kill(self, name: str) -> None:
-        proc = self._procs[name]
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        _kill(self._procs[name])
 
     def restart(self, name: str) -> None:
-        if self._procs[name].poll() is None:
-            raise RuntimeError(f"{name} is still running")
-        self._start(name)
+        _restart(self._procs[name], name, self._start)
 
     def close(self) -> None:
-        for proc in self._procs.values():
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in self._procs.values():
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        for log in self._logs.values():
-            log.close()
+        _close(self._procs, self._logs)
 
 
 class FlotillaCluster:
@@ -410,27 +422,13 @@ class PySyncObjCluster:
         return doc["name"], doc.get("leader") or ""
 
     def kill(self, name: str) -> None:
-        proc = self._procs[name]
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        _kill(self._procs[name])
 
     def restart(self, name: str) -> None:
-        if self._procs[name].poll() is None:
-            raise RuntimeError(f"{name} is still running")
-        self._start(name)
+        _restart(self._procs[name], name, self._start)
 
     def close(self) -> None:
-        for proc in self._procs.values():
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in self._procs.values():
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        for log in self._logs.values():
-            log.close()
+        _close(self._procs, self._logs)
         ports = _harness("ports")
         for port in self._ports:
             ports.release_port(port)

@@ -45,7 +45,7 @@ from flotilla.node.consensus import (
 from flotilla.node.executor import Executor
 
 from tests.simulation.disk import Disk
-from tests.simulation.drive import Batch, offload_through
+from tests.simulation.drive import Batch, HarnessHooks, offload_through
 
 MT = MessageType
 Filter = Callable[[Message], bool]
@@ -60,7 +60,7 @@ def log_of(terms: Iterable[int], first_index: int = 1) -> list[Entry]:
 
 
 @dataclass
-class Member:
+class Member(HarnessHooks):
     """One member: its core, its disk, its state machine and a record of what it did."""
 
     name: str
@@ -104,12 +104,6 @@ class Member:
         self.disk.snapshot_data = tuple(snapshot.data)
         self.applied = list(snapshot.data)
 
-    def persisted(self, entries, append_s: float, sync_s: float) -> None:
-        pass
-
-    def soft_state_changed(self, soft) -> None:
-        pass
-
     def apply(self, entries) -> None:
         for entry in entries:
             assert entry.index == self.applied_index() + 1, (
@@ -122,8 +116,6 @@ class Member:
         self.read_states.extend(states)
         self.failed_reads.extend(failed)
 
-    async def before_advance(self, rd: Ready) -> None:
-        pass
 
 
 class Network:

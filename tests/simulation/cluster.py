@@ -40,7 +40,7 @@ from flotilla.node.consensus import (
 from flotilla.node.executor import Executor
 
 from .disk import Disk
-from .drive import Batch, offload_through
+from .drive import Batch, HarnessHooks, offload_through
 
 TICK = 10  # time units per tick; messages take a few units, so many can cross within a tick
 # Each member's wall clock reads EPOCH_MS + now + its skew (one time unit is a millisecond). The
@@ -89,7 +89,7 @@ class KVState:
 # --- one simulated member --------------------------------------------------------------------
 
 
-class SimNode:
+class SimNode(HarnessHooks):
     def __init__(self, name: str, disk: Disk, sim: Simulation) -> None:
         self.name = name
         self.disk = disk
@@ -162,12 +162,6 @@ class SimNode:
         self.sim.stats["installs"] += 1
         self.sim.log(f"{self.name} installed snapshot {snapshot.meta.index}")
 
-    def persisted(self, entries, append_s: float, sync_s: float) -> None:
-        pass
-
-    def soft_state_changed(self, soft) -> None:
-        pass
-
     def apply(self, entries) -> None:
         for entry in entries:
             self.sm.apply(entry)
@@ -183,8 +177,6 @@ class SimNode:
             self.pending_reads.pop(ctx, None)
             self.sim.checker.read_started.pop(ctx, None)
 
-    async def before_advance(self, rd: Ready) -> None:
-        pass
 
 
 # --- the world -----------------------------------------------------------------------------

@@ -66,3 +66,17 @@ class Batch:
     def abandon(self) -> None:
         """The member crashed: the rest of the batch never happens."""
         self.coro.close()
+
+
+class HarnessHooks:
+    """The executor's hooks (executor.BatchHooks) a harness has no use for: metrics, the soft
+    state, anything else to make durable before `advance`. Harnesses inherit these."""
+
+    def persisted(self, entries: Any, append_s: float, sync_s: float) -> None:
+        pass
+
+    def soft_state_changed(self, soft: Any) -> None:
+        pass
+
+    async def before_advance(self, rd: Any) -> None:
+        pass
