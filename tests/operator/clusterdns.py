@@ -7,7 +7,8 @@ checks that name. So the names stay as the operator rendered them, and only the 
 changes: `socket.getaddrinfo` answers for the names in a JSON table that the kubelet rewrites
 as pods come and go, `{"HOST": {"PORT": ["127.0.0.1", REAL_PORT]}}` (every pod listens on a
 port of its own on 127.0.0.1, so the table maps the port too). asyncio and aiohttp (without
-aiodns), http.client and `socket.create_connection` all resolve through it. Other `.svc` names
+aiodns), http.client and `socket.create_connection` all resolve through it; uvloop does not, so
+members started here run on the standard loop (FLOTILLA_EVENT_LOOP=asyncio). Other `.svc` names
 fail at once, as cluster DNS fails for a pod that does not exist; any other name is resolved
 as usual.
 
@@ -86,6 +87,9 @@ def command(table: str | os.PathLike[str], module: str, *args: str) -> list[str]
 def main() -> None:
     table, module, *args = sys.argv[1:]
     install(table)
+    # uvloop resolves names in libuv, past `socket.getaddrinfo`: a member started here runs on
+    # the standard loop, which resolves through this table.
+    os.environ["FLOTILLA_EVENT_LOOP"] = "asyncio"
     sys.argv = [module, *args]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 
