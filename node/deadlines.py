@@ -41,7 +41,10 @@ class _DeadlineHandler(RequestHandler):
         self._body_seen = 0.0  # loop time of its latest bytes
 
     def data_received(self, data: bytes) -> None:
-        waiting = self._waiter is not None and not self._waiter.done()  # no request under way
+        # No request under way: the handler waits for one, or (uvloop delivers a connection's
+        # first bytes before the handler's task has run) none has arrived yet.
+        waiting = ((self._waiter is not None and not self._waiter.done())
+                   or (self._request_count == 0 and not self._messages))
         before = self._request_count
         super().data_received(data)
         if self._body is not None:
