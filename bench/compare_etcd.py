@@ -156,33 +156,70 @@ class System(Protocol):
     def close(self) -> None: ...
 
 
-def _kill(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+class _Members:
+    """Members run as plain processes of this bench (etcd's, PySyncObj's): each started from
+    `_argv(name)`, its output appended to WORKDIR/NAME.log, in a session of its own."""
+
+    _env: dict[str, str] | None = None  # None: the bench's own environment
+
+    def __init__(self, workdir: Path, names: list[str], ports: list[int]) -> None:
+        self.workdir = workdir
+        self._names = names
+        self._ports = ports  # released on close
+        self._procs: dict[str, subprocess.Popen] = {}
+        self._logs: dict[str, Any] = {}
+
+    def _argv(self, name: str) -> list[str]:
+        raise NotImplementedError
+
+    def _start(self, name: str) -> None:
+        log = self._logs.get(name)
+        if log is None:
+            log = self._logs[name] = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115
+        self._procs[name] = subprocess.Popen(self._argv(name), stdout=log, stderr=log,
+                                             stdin=subprocess.DEVNULL, env=self._env,
+                                             start_new_session=True)
+
+    def names(self) -> list[str]:
+        return list(self._names)
+
+    def running(self, name: str) -> bool:
+        return self._procs[name].poll() is None
+
+    def pid(self, name: str) -> int | None:
+        return self._procs[name].pid
+
+    def kill(self, name: str) -> None:
+        proc = self._procs[name]
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+    def restart(self, name: str) -> None:
+        if self.running(name):
+            raise RuntimeError(f"{name} is still running")
+        self._start(name)
+
+    def close(self) -> None:
+        """Stop every member (SIGTERM, then SIGKILL after 10 s), close its log, free its
+        ports."""
+        for proc in self._procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self._procs.values():
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for log in self._logs.values():
+            log.close()
+        ports = _harness("ports")
+        for port in self._ports:
+            ports.release_port(port)
+        self._ports = []
 
 
-def _restart(proc: subprocess.Popen, name: str, start: Callable[[str], None]) -> None:
-    if proc.poll() is None:
-        raise RuntimeError(f"{name} is still running")
-    start(name)
-
-
-def _close(procs: dict[str, subprocess.Popen], logs: dict[str, Any]) -> None:
-    """Stop every member (SIGTERM, then SIGKILL after 10 s) and close its log."""
-    for proc in procs.values():
-        if proc.poll() is None:
-            proc.terminate()
-    for proc in procs.values():
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    for log in logs.values():
-        log.close()
-
-
-class EtcdCluster:
+class EtcdCluster(_Members):
     """Three etcd members on loopback, started as plain processes."""
 
     fsync_metric = "etcd_disk_wal_fsync_duration_seconds_count"
@@ -191,9 +228,8 @@ class EtcdCluster:
                  certs: Certs | None = None) -> None:
         self.label = "etcd " + _etcd_version(binary)
         self.binary = binary
-        self.workdir = workdir
         numbers = _harness("ports").allocate_ports(2 * size)
-        self._names = [f"etcd{i}" for i in range(size)]
+        super().__init__(workdir, [f"etcd{i}" for i in range(size)], list(numbers))
         scheme = "https" if certs else "http"
         self._client = {n: f"{scheme}://127.0.0.1:{numbers[2 * i]}" for i, n in
                         enumerate(self._names)}
@@ -208,8 +244,6 @@ class EtcdCluster:
                 "--peer-cert-file", cert, "--peer-key-file", key,
                 "--peer-trusted-ca-file", str(certs.ca_file), "--peer-client-cert-auth",
             ]
-        self._procs: dict[str, subprocess.Popen] = {}
-        self._logs: dict[str, Any] = {}
         self._token = "bench-" + uuid.uuid4().hex[:8]
         self._put_path = "/v3/kv/put"
         for name in self._names:
@@ -229,22 +263,6 @@ class EtcdCluster:
             "--election-timeout", str(ELECTION_TIMEOUT_MS),
             *self._tls.get(name, ()),
         ]
-
-    def _start(self, name: str) -> None:
-        log = self._logs.get(name)
-        if log is None:
-            log = self._logs[name] = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115
-        self._procs[name] = subprocess.Popen(self._argv(name), stdout=log, stderr=log,
-                                             stdin=subprocess.DEVNULL, start_new_session=True)
-
-    def names(self) -> list[str]:
-        return list(self._names)
-
-    def running(self, name: str) -> bool:
-        return self._procs[name].poll() is None
-
-    def pid(self, name: str) -> int | None:
-        return self._procs[name].pid
 
     def client_url(self, name: str) -> str:
         return self._client[name]
@@ -270,15 +288,6 @@ class EtcdCluster:
                                 data=b"{}", timeout=aiohttp.ClientTimeout(1)) as r:
             doc = await r.json(content_type=None)
         return doc["header"]["member_id"], doc.get("leader", "0")
-
-    def kill(self, name: str) -> None:
-        _kill(self._procs[name])
-
-    def restart(self, name: str) -> None:
-        _restart(self._procs[name], name, self._start)
-
-    def close(self) -> None:
-        _close(self._procs, self._logs)
 
 
 class FlotillaCluster:
@@ -363,7 +372,7 @@ class FlotillaCluster:
         self._ports = []
 
 
-class PySyncObjCluster:
+class PySyncObjCluster(_Members):
     """Three ``bench/pysyncobj_server.py`` processes, in memory, each on its own loopback
     address where the host allows it (as Flotilla's members are placed). Plain HTTP only."""
 
@@ -373,41 +382,24 @@ class PySyncObjCluster:
 
     def __init__(self, workdir: Path, size: int = 3, batch: bool = False) -> None:
         self.label = f"pysyncobj {pysyncobj_version()} (memory)"
-        self.workdir = workdir
         ports = _harness("ports")
-        self._names = [f"p{i}" for i in range(size)]
+        super().__init__(workdir, [f"p{i}" for i in range(size)], [])
         hosts = dict(zip(self._names, ports.loopback_hosts(size), strict=True))
-        raft, self._client, self._ports = {}, {}, []
+        raft, self._client = {}, {}
         for name, host in hosts.items():
             raft_port, client_port = ports.allocate_ports(2, host)
             self._ports += [raft_port, client_port]
             raft[name], self._client[name] = f"{host}:{raft_port}", f"{host}:{client_port}"
-        members = ",".join(f"{n}={a}" for n, a in raft.items())
-        self._argv = {name: [sys.executable, str(self.server), "--name", name,
-                             "--members", members, "--listen-client", self._client[name],
-                             *(["--batch"] if batch else [])] for name in self._names}
-        self._procs: dict[str, subprocess.Popen] = {}
-        self._logs: dict[str, Any] = {}
+        self._members = ",".join(f"{n}={a}" for n, a in raft.items())
+        self._batch = batch
+        # the node's own settings must not leak into a PySyncObj member's environment
+        self._env = {k: v for k, v in os.environ.items() if not k.startswith("FLOTILLA_")}
         for name in self._names:
             self._start(name)
 
-    def _start(self, name: str) -> None:
-        log = self._logs.get(name)
-        if log is None:
-            log = self._logs[name] = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115
-        env = {k: v for k, v in os.environ.items() if not k.startswith("FLOTILLA_")}
-        self._procs[name] = subprocess.Popen(self._argv[name], stdout=log, stderr=log,
-                                             stdin=subprocess.DEVNULL, env=env,
-                                             start_new_session=True)
-
-    def names(self) -> list[str]:
-        return list(self._names)
-
-    def running(self, name: str) -> bool:
-        return self._procs[name].poll() is None
-
-    def pid(self, name: str) -> int | None:
-        return self._procs[name].pid
+    def _argv(self, name: str) -> list[str]:
+        return [sys.executable, str(self.server), "--name", name, "--members", self._members,
+                "--listen-client", self._client[name], *(["--batch"] if self._batch else [])]
 
     def client_url(self, name: str) -> str:
         return "http://" + self._client[name]
@@ -420,19 +412,6 @@ class PySyncObjCluster:
                                timeout=aiohttp.ClientTimeout(1)) as r:
             doc = await r.json(content_type=None)
         return doc["name"], doc.get("leader") or ""
-
-    def kill(self, name: str) -> None:
-        _kill(self._procs[name])
-
-    def restart(self, name: str) -> None:
-        _restart(self._procs[name], name, self._start)
-
-    def close(self) -> None:
-        _close(self._procs, self._logs)
-        ports = _harness("ports")
-        for port in self._ports:
-            ports.release_port(port)
-        self._ports = []
 
 
 async def agreed_leader(system: System, session: aiohttp.ClientSession, timeout: float) -> str:
