@@ -20,9 +20,7 @@ operator runs with its own default. The members use the tests' fast timing (elec
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -56,22 +54,15 @@ def wait(api: Any, done: Callable[[dict[str, Any]], bool], what: str) -> float:
 
 
 def one_run(interval: str | None) -> tuple[float, float]:
-    from tests.operator import clusterdns
-    from tests.operator.kubelet import Kmock, Kubelet
+    from tests.operator.kubelet import Kmock, Kubelet, start_operator, stop_operator
 
     root = Path(tempfile.mkdtemp(prefix="operator-react-"))
     server = Kmock().start()
     api = server.api()
     kubelet = Kubelet(api, NS, root).start()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLOTILLA_")}
-    env.update({"KUBECONFIG": str(server.kubeconfig(root / "kubeconfig")),
-                "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"})
     flags = ["--interval", interval] if interval else []
     with open(root / "operator.log", "wb") as log:
-        operator = subprocess.Popen(
-            clusterdns.command(kubelet.dns_file, "flotilla", "operator", "--all-namespaces",
-                               "--default-image", "flotilla:test", *flags),
-            env=env, stdout=log, stderr=subprocess.STDOUT)
+        operator = start_operator(server, kubelet, root, log, *flags)
     try:
         time.sleep(WARM_UP_S)
         began = time.monotonic()
@@ -85,11 +76,7 @@ def one_run(interval: str | None) -> tuple[float, float]:
                       "5 voters, not joint") - began
         return ready, scaled
     finally:
-        operator.terminate()
-        try:
-            operator.wait(15)
-        except subprocess.TimeoutExpired:
-            operator.kill()
+        stop_operator(operator)
         kubelet.stop()
         server.stop()
 

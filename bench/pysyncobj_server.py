@@ -39,6 +39,7 @@ import signal
 import sys
 
 from aiohttp import web
+from flotilla.node.main import event_loop
 
 try:
     from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
@@ -160,20 +161,6 @@ def _host_port(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def new_event_loop_factory(choice: str) -> tuple[object, str]:
-    """(loop factory, its name): uvloop when asked for (or ``auto`` and importable)."""
-    if choice in ("auto", "uvloop"):
-        try:
-            import uvloop
-        except ImportError:
-            if choice == "uvloop":
-                raise SystemExit("pysyncobj_server: --loop uvloop, but uvloop is not "
-                                 "installed") from None
-        else:
-            return uvloop.new_event_loop, "uvloop"
-    return asyncio.new_event_loop, "asyncio"
-
-
 async def serve(kv: KV, api: API, listen: tuple[str, int]) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -206,7 +193,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--name {args.name} is not one of --members ({', '.join(members)})")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s {args.name} %(levelname)s %(name)s: %(message)s")
-    factory, loop_name = new_event_loop_factory(args.loop)
+    try:  # the node's own choice of loop, so both sides of the comparison run on the same
+        factory, loop_name = event_loop("" if args.loop == "auto" else args.loop)
+    except ValueError as exc:
+        p.error(str(exc))
     log.info("pysyncobj %s in memory (no durability), batch=%s, event loop: %s", VERSION,
              args.batch, loop_name)
     kv = KV(members[args.name], [a for n, a in members.items() if n != args.name],

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import random
 import secrets
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,6 @@ from flotilla.node.storage.fsutil import make_private, write_atomic
 
 from . import restore
 from .config import MIN_TOKEN_BYTES, NodeConfig
-from .runtime import wall_clock_ms
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +60,11 @@ def admin_token_in(path: Path) -> str:
     return token
 
 
+def wall_clock_ms() -> int:
+    """The time a leader stamps on the entries it appends (Settings.wall_clock_ms)."""
+    return time.time_ns() // 1_000_000
+
+
 @dataclass
 class Opened:
     """A member's data dir, opened and recovered: everything the runtime starts from."""
@@ -72,7 +77,6 @@ class Opened:
     core: RaftCore
     machines: MachineFactory  # --state-machine
     machine: StateMachine
-    applied: int
     latest: StoredSnapshot | None
     admin_token_file: Path | None  # the generated token's file, when none was given
 
@@ -161,5 +165,5 @@ def _open_locked(cfg: NodeConfig, lock: Any, source: restore.Source | None) -> O
         write_admission(datadir.path, core.admission, fsync=cfg.fsync)
     elif admission is not None:
         core.await_admission(admission)
-    return Opened(cfg, lock, datadir, storage, store, core, machines, machine,
-                  recovered.snapshot.index, latest, token_file)
+    return Opened(cfg, lock, datadir, storage, store, core, machines, machine, latest,
+                  token_file)

@@ -79,7 +79,7 @@ class Node:
         )
         datadir = opened.datadir.path
         self.runtime = runtime = Runtime(
-            opened.core, opened.storage, self.transport, opened.machine, opened.applied,
+            opened.core, opened.storage, self.transport, opened.machine,
             advertise_client=cfg.advertise_client, heartbeat_s=cfg.heartbeat_ms / 1000,
             election_timeout_s=cfg.election_timeout_ms / 1000, metrics=self.metrics,
             space=self.space, data_dir=cfg.data_dir,

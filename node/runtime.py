@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -84,7 +83,7 @@ class Runtime:
     """The loop that owns `core`, and the futures its callers wait on."""
 
     def __init__(self, core: RaftCore, storage: LogStorage, transport: PeerTransport,
-                 machine: Any, applied: int, *, advertise_client: str, heartbeat_s: float,
+                 machine: Any, *, advertise_client: str, heartbeat_s: float,
                  election_timeout_s: float, metrics: Metrics, space: SpaceAlarm,
                  data_dir: str, save_admission: Callable[[tuple[str, int] | None], None],
                  offload: Offload = asyncio.to_thread) -> None:
@@ -92,8 +91,8 @@ class Runtime:
         self.name = core.name
         self.storage = storage
         self.transport = transport
-        self.machine = machine
-        self.applied = applied
+        self.machine = machine  # its state is the snapshot's the log starts after
+        self.applied = core.snapshot_index
         self.metrics = metrics
         self.space = space
         self.advertise_client = advertise_client
@@ -126,7 +125,7 @@ class Runtime:
         self.fatal: BaseException | None = None
         self.dead = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
-        metrics.applied = applied
+        metrics.applied = self.applied
 
     # --- life ------------------------------------------------------------------------------
 
@@ -534,7 +533,3 @@ class Runtime:
             pass
         return self.leader_client_url()
 
-
-def wall_clock_ms() -> int:
-    """The time a leader stamps on the entries it appends (Settings.wall_clock_ms)."""
-    return time.time_ns() // 1_000_000

@@ -694,3 +694,27 @@ class Kubelet:
             text = path.read_text(errors="replace").splitlines()[-lines:]
             out.append(f"--- {path.name}\n" + "\n".join(text))
         return "\n".join(out)
+
+
+def start_operator(server: Kmock, kubelet: Kubelet, root: Path, log: Any, *flags: str,
+                   env: dict[str, str] | None = None) -> subprocess.Popen:
+    """`flotilla operator` against `server`, watching every namespace, resolving members'
+    names through the kubelet's cluster DNS, its output to `log`; `env` adds to its
+    environment (the runner's own FLOTILLA_ settings are left out)."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("FLOTILLA_")}
+    base.update({"KUBECONFIG": str(server.kubeconfig(root / "kubeconfig")),
+                 "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO), **(env or {})})
+    return subprocess.Popen(
+        clusterdns.command(kubelet.dns_file, "flotilla", "operator", "--all-namespaces",
+                           "--default-image", "flotilla:test", *flags),
+        env=base, stdout=log, stderr=subprocess.STDOUT)
+
+
+def stop_operator(operator: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL after 15 s."""
+    operator.terminate()
+    try:
+        operator.wait(15)
+    except subprocess.TimeoutExpired:
+        operator.kill()
+        operator.wait()

@@ -19,11 +19,9 @@ import base64
 import datetime
 import itertools
 import json
-import os
 import re
 import socket
 import ssl
-import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -41,7 +39,7 @@ from flotilla.operator.spec import ClusterSpec
 from flotilla.client import Client, FlotillaError
 from tests.harness.polling import wait_for
 from tests.operator import clusterdns
-from tests.operator.kubelet import REPO, Kmock, Kubelet
+from tests.operator.kubelet import Kmock, Kubelet, start_operator, stop_operator
 from tests.packaging.crdschema import CRDValidator, load_crd
 
 NS = "default"
@@ -58,29 +56,19 @@ def world(request, tmp_path: Path):
     server = Kmock().start()
     api = server.api()
     kubelet = Kubelet(api, NS, tmp_path).start()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLOTILLA_")}
-    env.update({"KUBECONFIG": str(server.kubeconfig(tmp_path / "kubeconfig")),
-                "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO),
-                # where the chart's operator runs: its namespace reaches every cluster's members
-                "FLOTILLA_OPERATOR_NAMESPACE": OPERATOR_NS,
-                "FLOTILLA_OPERATOR_POD_LABELS": "app.kubernetes.io/name=flotilla-operator",
-                **param})
     log = open(tmp_path / "operator.log", "wb")  # noqa: SIM115 (closed below)
     # Members are reached at their cluster DNS names (which their certificates name), resolved
     # by clusterdns in the operator's process and in this one.
-    operator = subprocess.Popen(
-        clusterdns.command(kubelet.dns_file, "flotilla", "operator", "--all-namespaces",
-                           "--interval", interval, "--default-image", "flotilla:test"),
-        env=env, stdout=log, stderr=subprocess.STDOUT)
+    operator = start_operator(server, kubelet, tmp_path, log, "--interval", interval, env={
+        # where the chart's operator runs: its namespace reaches every cluster's members
+        "FLOTILLA_OPERATOR_NAMESPACE": OPERATOR_NS,
+        "FLOTILLA_OPERATOR_POD_LABELS": "app.kubernetes.io/name=flotilla-operator",
+        **param})
     try:
         with clusterdns.installed(kubelet.dns_file):
             yield server, api, kubelet, tmp_path
     finally:
-        operator.terminate()
-        try:
-            operator.wait(15)
-        except subprocess.TimeoutExpired:
-            operator.kill()
+        stop_operator(operator)
         log.close()
         kubelet.stop()
         server.stop()
@@ -109,6 +97,20 @@ def get(api, kind: str, name: str = NAME) -> dict[str, Any] | None:
 
 def status_of(api, name: str = NAME) -> dict[str, Any]:
     return (get(api, "RaftCluster", name) or {}).get("status") or {}
+
+
+#: The steps of a scale from 3 to 5 voters, in order, as steps_since gives them.
+SCALE_UP_STEPS = [
+    ("Resized", "resize to 5"),
+    ("LearnerAdded", "add-learner demo-3"), ("LearnerAdded", "add-learner demo-4"),
+    ("VotersChanged", "change-voters to demo-0, demo-1, demo-2, demo-3, demo-4"),
+]
+
+
+def steps_since(api, seen: int) -> list[tuple[str, str]]:
+    """(reason, action) of each step the operator took after the first `seen` Events."""
+    return [(reason, message.split(":")[0]) for kind, reason, message in events(api)[seen:]
+            if kind == "Normal" and reason != "Created"]
 
 
 def events(api) -> list[tuple[str, str, str]]:
@@ -224,13 +226,8 @@ def test_apply_scale_and_delete_a_raft_cluster(world):
     status = wait_status(api, lambda s: s.get("replicas") == 5 and s.get("phase") == "Ready",
                          "5 voters", 90, kubelet)
     assert status["configuration"]["joint"] is False and not status["configuration"]["learners"]
-    steps = [(reason, message.split(":")[0]) for kind, reason, message in events(api)[seen:]
-             if kind == "Normal" and reason != "Created"]
-    assert steps == [
-        ("Resized", "resize to 5"),
-        ("LearnerAdded", "add-learner demo-3"), ("LearnerAdded", "add-learner demo-4"),
-        ("VotersChanged", "change-voters to demo-0, demo-1, demo-2, demo-3, demo-4"),
-    ], steps
+    steps = steps_since(api, seen)
+    assert steps == SCALE_UP_STEPS, steps
     assert get(api, "PodDisruptionBudget")["spec"]["maxUnavailable"] == 2
     assert_admitted(api)
 
@@ -250,8 +247,7 @@ def test_apply_scale_and_delete_a_raft_cluster(world):
     # (and the cluster is Ready with 3 voters while the last removed pod is still stopping).
     wait_for(lambda: [r for _, r, _ in events(api)[seen:]].count("VolumeDeleted") >= 2, 10,
              "the Event of each deleted volume")
-    steps = [(reason, message.split(":")[0]) for kind, reason, message in events(api)[seen:]
-             if kind == "Normal" and reason != "Created"]
+    steps = steps_since(api, seen)
     assert steps[0][0] == "LeadershipTransferred", steps
     assert steps[1:] == [
         ("VotersChanged", "change-voters to demo-0, demo-1, demo-2"),
@@ -300,13 +296,8 @@ def test_steps_follow_each_other_without_waiting_for_the_safety_interval(world):
     assert time.monotonic() - began < SAFETY_INTERVAL / 2
     assert status["configuration"] == {"voters": [f"demo-{i}" for i in range(5)],
                                        "learners": [], "joint": False}
-    steps = [(reason, message.split(":")[0]) for kind, reason, message in events(api)[seen:]
-             if kind == "Normal" and reason != "Created"]
-    assert steps == [
-        ("Resized", "resize to 5"),
-        ("LearnerAdded", "add-learner demo-3"), ("LearnerAdded", "add-learner demo-4"),
-        ("VotersChanged", "change-voters to demo-0, demo-1, demo-2, demo-3, demo-4"),
-    ], steps
+    steps = steps_since(api, seen)
+    assert steps == SCALE_UP_STEPS, steps
     assert_admitted(api)
 
 
@@ -351,8 +342,7 @@ def test_a_member_whose_volume_is_lost_is_removed_and_added_back(world):
             m["name"] == victim and m["uid"] not in ("", old_uid) for m in s["members"])
         and s["configuration"]["voters"] == ["demo-0", "demo-1", "demo-2"],
         f"{victim} back as a voter with a new identity", 60, kubelet)
-    steps = [(reason, message.split(":")[0]) for kind, reason, message in events(api)[seen:]
-             if kind == "Normal" and reason != "Created"]
+    steps = steps_since(api, seen)
     assert ("MemberRemoved", f"remove-member {victim}") in steps, steps
     assert ("LearnerAdded", f"add-learner {victim}") in steps, steps
     assert steps.index(("MemberRemoved", f"remove-member {victim}")) < steps.index(
@@ -430,8 +420,7 @@ def test_a_template_change_rolls_members_one_at_a_time_leader_last(world):
     stop.set()
     writer.join(30)
     assert env_of(get(api, "StatefulSet"))["FLOTILLA_HEARTBEAT_MS"] == "60"
-    steps = [(reason, message.split(":")[0]) for kind, reason, message in events(api)[seen:]
-             if kind == "Normal" and reason != "Created"]
+    steps = steps_since(api, seen)
     restarts = [m.split()[-1] for r, m in steps if r == "MemberRestarted"]
     assert sorted(restarts) == ["demo-0", "demo-1", "demo-2"], steps
     assert restarts[-1] == leader, f"the leader {leader} must restart last: {steps}"
