@@ -154,6 +154,7 @@ def _open_locked(cfg: NodeConfig, lock: Any, source: restore.Source | None) -> O
         election_ticks=cfg.election_ticks,
         heartbeat_ticks=1,
         wall_clock_ms=wall_clock_ms,
+        lazy_commit=True,
     )
     core = RaftCore(cfg.name, settings, recovered)
     # A member that starts empty to be added (`existing`) votes only once the cluster is

@@ -70,6 +70,9 @@ class Overloaded(Unavailable):
 # queueing without bound in memory; clients back off and retry.
 MAX_PENDING_PROPOSALS = 8192
 MAX_PENDING_BYTES = 64 << 20
+# How long a leader waits for an append to carry a new commit index before sending it on its
+# own (Settings.lazy_commit): a writer's next command usually comes sooner.
+COMMIT_NOTICE_S = 0.002
 
 
 @dataclass(slots=True)
@@ -119,6 +122,7 @@ class Runtime:
         # Futures resolved once their predicate holds, looked at after every batch.
         self._watches: list[tuple[Callable[[], bool], asyncio.Future]] = []
         self._wakeup = asyncio.Event()
+        self._commit_notice: asyncio.TimerHandle | None = None
         self._batch_entries = 0  # in the batch being carried out
         self.stopping = False
         # Set when the loop that owns the core died: the member must stop, not linger.
@@ -309,9 +313,20 @@ class Runtime:
                     self._batch_entries = len(rd.entries)
                     await carry_out(rd)
                     self._after_batch()
+                if core.commit_news and self._commit_notice is None:
+                    self._commit_notice = asyncio.get_running_loop().call_later(
+                        COMMIT_NOTICE_S, self._announce_commit)
             except Exception as exc:  # any failure here ends the member
                 self.fail(exc)
                 return
+
+    def _announce_commit(self) -> None:
+        """Followers not sent the leader's commit index by an append since it moved hear it now
+        (Settings.lazy_commit)."""
+        self._commit_notice = None
+        if self.core.commit_news:
+            self.core.announce_commit()
+            self._wakeup.set()
 
     def _after_batch(self) -> None:
         if self._watches:

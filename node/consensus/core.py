@@ -104,6 +104,13 @@ class Settings:
     max_apply_batch: int = 8192  # committed entries handed out per Ready
     pre_vote: bool = True
     check_quorum: bool = True
+    # When a leader's commit index moves and no entries are waiting for a follower, etcd's
+    # raft sends it an empty append at once just to carry the new index. Lazily, the leader
+    # leaves that to the next append (a writer's next command usually follows within a
+    # millisecond), to `announce_commit()` (the runtime calls it a few milliseconds later when
+    # `commit_news` is still set) or to the next tick's heartbeat. It halves the peer messages
+    # of a lone writer; followers learn a commit a little later, and nothing else changes.
+    lazy_commit: bool = False
 
 
 @dataclass(slots=True)
@@ -138,6 +145,7 @@ class RaftCore:
         self._read_round = 0
         self._read_round_wanted = False
         self._broadcast_wanted = False
+        self.commit_news = False  # lazy_commit: a commit index some follower has not been sent
         self.acks_beyond_sent = 0  # acknowledgements of more than was sent (hostile or broken)
         self._msgs: list[Message] = []
         self._persisted_msgs: list[Message] = []
@@ -470,8 +478,11 @@ class RaftCore:
             pr.become_probe()
             pr.become_replicate()
         if self._maybe_commit():
-            self._broadcast_wanted = True
-        elif pr.match < self.log.last_index():
+            self._commit_moved()
+            # The commit may have ended this leadership or removed the member (C_new).
+            if self.role is not Role.LEADER or self.progress.get(m.frm) is not pr:
+                return
+        if not self._broadcast_wanted and pr.match < self.log.last_index():
             self._send_append(m.frm)
         if m.frm == self.transfer_target and pr.match == self.log.last_index():
             self._send_timeout_now(m.frm)
@@ -582,7 +593,7 @@ class RaftCore:
         if self.role is Role.LEADER and rd.entries:
             pr = self.progress.get(self.name)
             if pr is not None and pr.maybe_update(log.stable) and self._maybe_commit():
-                self._broadcast_wanted = True
+                self._commit_moved()
 
     def status(self) -> CoreStatus:
         """The core's facts at this moment (for `/v1/status`, the admin API, the archiver and
@@ -767,6 +778,8 @@ class RaftCore:
         self.randomized_timeout = self.rng.randint(n, 2 * n - 1)
 
     def _tick_leader(self) -> None:
+        if self.commit_news:
+            self.announce_commit()
         self.heartbeat_elapsed += 1
         self.election_elapsed += 1
         if self.election_elapsed >= self.settings.election_ticks:
@@ -867,6 +880,23 @@ class RaftCore:
             for context, requester in waiting:
                 self._leader_read(context, requester)
 
+    def _commit_moved(self) -> None:
+        if self.settings.lazy_commit:
+            self.commit_news = True
+        else:
+            self._broadcast_wanted = True
+
+    def announce_commit(self) -> None:
+        """Lazy commit: send the commit index to every follower that has not been sent it yet
+        (one whose window is full, or that is being probed, hears it with its next append)."""
+        self.commit_news = False
+        if self.role is not Role.LEADER:
+            return
+        committed = self.log.committed
+        for name, pr in self.progress.items():
+            if name != self.name and pr.commit_sent < committed:
+                self._send_append(name)
+
     def _broadcast_append(self) -> None:
         for name in self.progress:
             if name != self.name:
@@ -876,8 +906,11 @@ class RaftCore:
         commit = self.log.committed
         for name, pr in self.progress.items():
             if name != self.name:
+                sent = min(pr.match, commit)
+                if sent > pr.commit_sent:
+                    pr.commit_sent = sent
                 self._send(Message(MT.HEARTBEAT, to=name, frm=self.name, term=self.term,
-                                   commit=min(pr.match, commit), context=self._read_round))
+                                   commit=sent, context=self._read_round))
 
     def _send_append(self, to: str) -> None:
         pr = self.progress[to]
@@ -895,6 +928,7 @@ class RaftCore:
                                 self.settings.max_bytes_per_message)
         self._send(Message(MT.APPEND, to=to, frm=self.name, term=self.term, index=prev_index,
                            log_term=prev_term, entries=entries, commit=log.committed))
+        pr.commit_sent = log.committed
         pr.sent(entries[-1].index if entries else prev_index)
 
     def _send_snapshot(self, to: str, pr: Progress) -> None:

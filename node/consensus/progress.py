@@ -24,6 +24,7 @@ class ProgressState(IntEnum):
 
 class Progress:
     __slots__ = (
+        "commit_sent",
         "inflight",
         "match",
         "max_inflight",
@@ -43,6 +44,7 @@ class Progress:
         self.pending_snapshot = 0
         self.probe_sent = False
         self.recent_active = False
+        self.commit_sent = 0  # the commit index last sent to the member
         self.read_ack = 0  # highest read round this member has confirmed (ReadIndex)
         # The highest index this leader has sent the member (an append's last entry, a probe's
         # index, a snapshot's index): it can acknowledge nothing beyond that.

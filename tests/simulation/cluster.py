@@ -101,6 +101,7 @@ class SimNode(HarnessHooks):
         self.batch: Batch | None = None  # the Ready being carried out (its fsync in flight)
         self.executor: Executor | None = None
         self.ready_scheduled = False
+        self.notice_scheduled = False
         self.pending_reads: dict[Any, tuple[int, int]] = {}  # ctx -> (read index, started)
         self.clock_skew = 0
 
@@ -126,6 +127,9 @@ class SimNode(HarnessHooks):
             max_inflight=window,
             max_entries_per_message=per_message,
             wall_clock_ms=self.wall_clock_ms,
+            # Half the starts announce each new commit index at once (etcd's raft), half
+            # lazily, as members do: the runtime's short notice timer is the `notice` event.
+            lazy_commit=rng.random() < 0.5,
         )
         self.core = RaftCore(self.name, settings, recovered)
         d.observer = self._persisted
@@ -134,6 +138,7 @@ class SimNode(HarnessHooks):
         self.sm = d.snapshot_data.copy()
         self.batch = None
         self.ready_scheduled = False
+        self.notice_scheduled = False
         self.pending_reads = {}
 
     def crash(self) -> None:
@@ -327,6 +332,18 @@ class Simulation:
         node.batch = None
         self.serve_reads(node)
         self.kick(node)
+        if node.core.commit_news and not node.notice_scheduled:
+            node.notice_scheduled = True
+            self.schedule(self.rng.randrange(1, TICK // 2), "notice", payload)
+
+    def _ev_notice(self, payload: tuple[str, int]) -> None:
+        node = self._current(payload)
+        if node is None:
+            return
+        node.notice_scheduled = False
+        if node.core.commit_news:
+            node.core.announce_commit()
+            self.kick(node)
 
     def _ev_deliver(self, m: Message) -> None:
         node = self.nodes.get(m.to)
