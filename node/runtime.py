@@ -46,6 +46,7 @@ from flotilla.node.storage import LogStorage, StorageError, free_bytes
 from flotilla.node.storage.space import disk_full
 
 from .alarms import CHECK_INTERVAL, SpaceAlarm
+from .diskthread import DiskThread
 from .executor import Executor, Offload
 from .metrics import Metrics
 from .transport import MEMBERSHIP, PeerTransport
@@ -105,6 +106,7 @@ class Runtime:
         self._save_admission = save_admission
         self._admission_saved = core.admission
         self.offload = offload
+        self._disk = DiskThread(f"flotilla-disk-{core.name}")
         self.executor = Executor(core, storage, transport.send, self, offload=self._write)
         # Collaborators, set by the Node once built (each needs the runtime first).
         self.snapshots: Snapshotter | None = None
@@ -147,6 +149,7 @@ class Runtime:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._disk.stop()
         self._stop_waiting(Unavailable("the member is shutting down"))
 
     def _stop_waiting(self, exc: Exception) -> None:
@@ -377,7 +380,7 @@ class Runtime:
                 return
 
     async def _write(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """The executor's `offload`. A durable write (an fsync) goes to a worker thread, so the
+        """The executor's `offload`. A durable write (an fsync) goes to the disk thread, so the
         loop goes on taking requests and peer messages while the disk works, and what arrives
         meanwhile is carried out with the next fsync (group commit). But when nothing at all is
         waiting (a follower's batch of at most one entry, no read pending) the loop
@@ -388,7 +391,7 @@ class Runtime:
         if (self._batch_entries <= 1 and self.core.role is not Role.LEADER and not self._reads
                 and not self._inbox and fn in (self.storage.sync, self.storage.save_hard_state)):
             return fn(*args)
-        return await self.offload(fn, *args)
+        return await self._disk.run(fn, *args)
 
     # --- BatchHooks: the executor's calls back -------------------------------------------
 
