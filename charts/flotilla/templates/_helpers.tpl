@@ -191,3 +191,17 @@ with them from the operator's namespace to the members' client port.
 {{- end }}
 {{- join "," $labels }}
 {{- end }}
+
+{{/*
+Flotilla needs Kubernetes 1.29: the RaftCluster CRD validates with CEL rules (GA in 1.29). Not
+Chart.yaml's kubeVersion, which helm also checks against the version it assumes when it asks no
+cluster (`helm template`, `helm lint`), where it would refuse to render at all: on install and
+upgrade .Capabilities is the cluster's own version, and NOTES.txt shows this warning.
+*/}}
+{{- define "flotilla.kubeVersionWarning" -}}
+{{- if semverCompare "<1.29.0-0" .Capabilities.KubeVersion.Version }}
+WARNING: this cluster runs Kubernetes {{ .Capabilities.KubeVersion.Version }}, and Flotilla needs 1.29 or
+newer: the RaftCluster CRD validates with CEL rules (x-kubernetes-validations), GA in 1.29.
+Upgrade the cluster before creating RaftClusters.
+{{ end }}
+{{- end }}
