@@ -4,7 +4,9 @@ Everything up to the helm section runs offline from the chart's files. The helm 
 a `helm` binary (on PATH, named by $HELM, or fetched by `make setup`) and skips with that
 reason without one: it lints the chart and renders every ci/ scenario with a plain `helm
 template` (no --kube-version), then validates each rendered manifest with kubernetes-validate
-for the oldest Kubernetes the chart supports and the newest it knows.
+for the oldest Kubernetes the chart supports and the newest it knows. The README's values
+tables are compared with what Bitnami's readme-generator-for-helm makes of values.yaml
+($README_GENERATOR, or fetched by `make setup`).
 """
 
 from __future__ import annotations
@@ -75,30 +77,11 @@ def leaf_paths(tree: Any, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]
     return [prefix]
 
 
-def documented_paths(text: str) -> set[tuple[str, ...]]:
-    """Paths of the keys whose comment block, directly above them, holds a `# --` line
-    (helm-docs' marker for a value's description)."""
-    documented: set[tuple[str, ...]] = set()
-    stack: list[tuple[int, str]] = []
-    comments: list[str] = []
-    for line in text.splitlines():
-        stripped = line.strip()
-        if not stripped:
-            comments = []
-            continue
-        if stripped.startswith("#"):
-            comments.append(stripped)
-            continue
-        match = re.match(r"^( *)([A-Za-z0-9_.-]+):(\s|$)", line)
-        if match:
-            indent = len(match.group(1))
-            while stack and stack[-1][0] >= indent:
-                stack.pop()
-            stack.append((indent, match.group(2)))
-            if any(comment.startswith("# --") for comment in comments):
-                documented.add(tuple(key for _, key in stack))
-        comments = []
-    return documented
+def param_lines(text: str) -> dict[tuple[str, ...], str]:
+    """The `## @param KEY DESCRIPTION` lines of values.yaml (readme-generator-for-helm's
+    metadata), by the key's path."""
+    return {tuple(m.group(1).split(".")): m.group(2)
+            for m in re.finditer(r"^\s*## @param (\S+) (.+)$", text, flags=re.MULTILINE)}
 
 
 def merged(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -164,16 +147,19 @@ def test_chart_metadata_names_the_app_version_and_no_kube_version():
 # --- values.yaml and values.schema.json -----------------------------------------------------
 
 
-def test_every_value_is_documented_with_a_helm_docs_comment():
+def test_every_value_is_documented_with_a_param_line():
     values = load_values()
-    documented = documented_paths((CHART / "values.yaml").read_text())
+    documented = param_lines((CHART / "values.yaml").read_text())
     undocumented = [".".join(p) for p in leaf_paths(values) if p not in documented]
-    assert not undocumented, f"values without a `# --` comment right above them: {undocumented}"
+    assert not undocumented, f"values without a `## @param` line: {undocumented}"
+    unknown = [".".join(p) for p in documented if p not in leaf_paths(values)]
+    assert not unknown, f"`## @param` lines for values that do not exist: {unknown}"
 
 
 def test_the_readme_values_table_lists_every_value():
     readme = (CHART / "README.md").read_text()
-    table = {m for m in re.findall(r"^\| `([^`]+)` \|", readme, flags=re.MULTILINE)}
+    parameters = readme.split("\n## Parameters\n", 1)[1].split("\n## ", 1)[0]
+    table = {m for m in re.findall(r"^\| `([^`]+)` +\|", parameters, flags=re.MULTILINE)}
     missing = [".".join(p) for p in leaf_paths(load_values()) if ".".join(p) not in table]
     assert not missing, f"values missing from the README's values table: {missing}"
     extra = sorted(table - {".".join(p) for p in leaf_paths(load_values())})
@@ -182,9 +168,31 @@ def test_the_readme_values_table_lists_every_value():
 
 def test_replica_count_is_one_and_says_why():
     assert load_values()["replicaCount"] == 1
-    block = re.search(r"((?:#[^\n]*\n)+)replicaCount: 1\n", (CHART / "values.yaml").read_text())
-    assert block, "replicaCount: 1 needs its comment"
-    assert "standalone" in block.group(1), "say why: kopf runs standalone, without peering"
+    description = param_lines((CHART / "values.yaml").read_text())[("replicaCount",)]
+    assert "standalone" in description, "say why: kopf runs standalone, without peering"
+
+
+def readme_generator() -> str:
+    """Bitnami's readme-generator-for-helm; skips the calling test when there is none."""
+    named = os.environ.get("README_GENERATOR")
+    fetched = TOOLS / "readme-generator" / "node_modules" / ".bin" / "readme-generator"
+    for candidate in (named, str(fetched), shutil.which("readme-generator")):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    pytest.skip("no readme-generator-for-helm: `make setup` fetches it from npm (or set "
+                "README_GENERATOR=/path/to/readme-generator); the README's tables are not "
+                "compared with values.yaml")
+
+
+def test_the_readme_tables_are_what_make_chart_docs_generates(tmp_path):
+    readme = tmp_path / "README.md"
+    shutil.copy(CHART / "README.md", readme)
+    done = subprocess.run([readme_generator(), "--values", str(CHART / "values.yaml"),
+                           "--readme", str(readme)], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, f"readme-generator failed:\n{done.stdout}\n{done.stderr}"
+    assert readme.read_text() == (CHART / "README.md").read_text(), (
+        "charts/flotilla/README.md is not what values.yaml generates: run `make chart-docs`")
 
 
 @pytest.mark.parametrize("scenario", [None, *SCENARIOS],
