@@ -54,6 +54,35 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
 {{/*
+Labels of the operator's pod: the chart's, then podLabels, which may not change the chart's own
+(the Deployment selects on them, and every RaftCluster's NetworkPolicy admits the operator by
+them).
+*/}}
+{{- define "flotilla.podLabels" -}}
+{{- $own := include "flotilla.labels" . | fromYaml }}
+{{- range $key, $value := .Values.podLabels }}
+{{- if hasKey $own $key }}
+{{- fail (printf "podLabels: %q is one of the chart's own labels (the Deployment selects the operator's pod by them); choose another key" $key) }}
+{{- end }}
+{{- end }}
+{{- include "flotilla.labels" . }}
+{{- with .Values.podLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+The operator's metrics port, checked against the liveness port; 0 when metrics are off.
+*/}}
+{{- define "flotilla.metricsPort" -}}
+{{- $port := int .Values.operator.metricsPort }}
+{{- if and $port (eq $port (int .Values.operator.livenessPort)) }}
+{{- fail (printf "operator.metricsPort and operator.livenessPort are both %d: give the metrics endpoint a port of its own (or 0 to turn it off)" $port) }}
+{{- end }}
+{{- $port }}
+{{- end }}
+
+{{/*
 The operator's ServiceAccount: the full name when the chart creates it, else the one given.
 */}}
 {{- define "flotilla.serviceAccountName" -}}
