@@ -231,6 +231,7 @@ def test_ci_scenarios_cover_default_namespaced_watch_and_custom_image():
     ({"extraEnv": [{"value": "x"}]}, "extraEnv.0"),
     ({"topologySpreadConstraints": [{"maxSkew": 1}]}, "topologySpreadConstraints.0"),
     ({"podLabels": {"team": 7}}, "podLabels.team"),
+    ({"rbac": {"aggregateClusterRoles": "yes"}}, "rbac.aggregateClusterRoles"),
     ({"operater": {}}, "(top)"),
 ])
 def test_the_schema_refuses_bad_values(override, complaint):
@@ -243,8 +244,8 @@ def test_the_schema_refuses_bad_values(override, complaint):
 
 @pytest.mark.parametrize("template", RESOURCE_TEMPLATES, ids=lambda p: p.name)
 def test_each_template_file_holds_one_resource_named_after_its_kind(template):
-    """One resource per file; one per watched namespace (a `range` over them, each document
-    after its `---`) is still one resource."""
+    """One resource per file, named KIND.yaml or KIND-PURPOSE.yaml; one per watched namespace
+    (a `range` over them, each document after its `---`) is still one resource."""
     text = template.read_text()
     kinds = re.findall(r"^kind: *(\w+)", text, flags=re.MULTILINE)
     assert len(kinds) == 1, f"{template.name}: kinds {kinds}"
@@ -252,13 +253,13 @@ def test_each_template_file_holds_one_resource_named_after_its_kind(template):
     loop = text.find("{{- range $namespace := .Values.operator.watchNamespaces }}")
     assert all(0 <= loop < at for at in separators), f"{template.name}: --- outside a range"
     assert len(separators) <= 1
-    assert template.stem == kinds[0].lower()
+    assert template.stem.split("-")[0] == kinds[0].lower()
 
 
 def test_the_chart_has_the_expected_files():
     assert {p.name for p in RESOURCE_TEMPLATES} == {
         "serviceaccount.yaml", "clusterrole.yaml", "clusterrolebinding.yaml", "deployment.yaml",
-        "role.yaml", "rolebinding.yaml"}
+        "role.yaml", "rolebinding.yaml", "clusterrole-view.yaml", "clusterrole-edit.yaml"}
     assert (TEMPLATES / "_helpers.tpl").is_file()
     assert (TEMPLATES / "NOTES.txt").is_file()
     notes = (TEMPLATES / "NOTES.txt").read_text()
@@ -433,6 +434,8 @@ def test_the_default_render_runs_one_hardened_kopf_operator_clusterwide():
     assert ports["metrics"] == 8081
     assert "priorityClassName" not in pod and "topologySpreadConstraints" not in pod
     assert "annotations" not in spec["template"]["metadata"]
+    # the aggregated roles are off by default
+    assert len([doc for doc in docs if doc["kind"] == "ClusterRole"]) == 1
     (liveness,) = [a for a in container["args"] if a.startswith("--liveness=")]
     port = int(re.fullmatch(r"--liveness=http://0\.0\.0\.0:(\d+)/healthz", liveness).group(1))
     probe = container["livenessProbe"]["httpGet"]
@@ -599,6 +602,31 @@ def test_the_namespaced_mode_grants_a_role_in_each_watched_namespace_and_nothing
     operator_main = pytest.importorskip("flotilla.operator.main")
     assert operator_main.build_parser().parse_known_args(container["args"])[0].namespace == [
         "team-a", "team-b"]
+
+
+def test_aggregated_roles_let_viewers_read_and_editors_write_raftclusters():
+    text = helm("template", "flotilla", str(CHART), "--set", "rbac.aggregateClusterRoles=true",
+                "--set", "rbac.certManager=true")
+    roles = {doc["metadata"]["name"]: doc for doc in yaml.safe_load_all(text)
+             if doc and doc["kind"] == "ClusterRole"}
+    view, edit = roles["flotilla-view"], roles["flotilla-edit"]
+    aggregate = "rbac.authorization.k8s.io/aggregate-to-"
+    assert {k for k, v in view["metadata"]["labels"].items() if k.startswith(aggregate)} == {
+        aggregate + "view"}
+    assert view["metadata"]["labels"][aggregate + "view"] == "true"
+    assert {k for k, v in edit["metadata"]["labels"].items() if k.startswith(aggregate)} == {
+        aggregate + "edit", aggregate + "admin"}
+    assert rules_as_grants(view["rules"]) == {
+        ("flotilla.dev", "raftclusters"): {"get", "list", "watch"},
+        ("flotilla.dev", "raftclusters/status"): {"get", "list", "watch"},
+        ("flotilla.dev", "raftclusters/scale"): {"get", "list", "watch"}}
+    assert rules_as_grants(edit["rules"]) == {
+        ("flotilla.dev", "raftclusters"): {"get", "list", "watch", "create", "update", "patch",
+                                           "delete", "deletecollection"},
+        # kubectl scale raft/NAME; the status is the operator's alone
+        ("flotilla.dev", "raftclusters/scale"): {"get", "update", "patch"}}
+    # the operator's own ClusterRole is unchanged by them
+    assert rules_as_grants(roles["flotilla"]["rules"]) == EXPECTED_RULES | CERT_MANAGER_RULES
 
 
 def test_the_cert_manager_rule_is_granted_only_when_asked():
