@@ -4,9 +4,11 @@ Everything up to the helm section runs offline from the chart's files. The helm 
 a `helm` binary (on PATH, named by $HELM, or fetched by `make setup`) and skips with that
 reason without one: it lints the chart and renders every ci/ scenario with a plain `helm
 template` (no --kube-version), then validates each rendered manifest with kubernetes-validate
-for the oldest Kubernetes the chart supports and the newest it knows. The README's values
+for the oldest Kubernetes the chart supports and the newest it knows (the Prometheus
+Operator's kinds, which it does not know, against monitoringschema.py). The README's values
 tables are compared with what Bitnami's readme-generator-for-helm makes of values.yaml
-($README_GENERATOR, or fetched by `make setup`).
+($README_GENERATOR, or fetched by `make setup`). The monitoring objects have their own module,
+test_monitoring.py.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ import kubernetes_validate
 import pytest
 import yaml
 from kubernetes_validate.utils import latest_version
+
+from tests.packaging import monitoringschema
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "flotilla"
@@ -204,10 +208,16 @@ def test_values_and_each_ci_scenario_satisfy_the_schema(scenario):
     assert schema_errors(values) == []
 
 
-def test_ci_scenarios_cover_default_namespaced_watch_and_custom_image():
+def test_ci_scenarios_cover_default_namespaced_watch_custom_image_and_monitoring():
     names = {s.name for s in SCENARIOS}
     assert {"default-values.yaml", "namespaced-watch-values.yaml",
-            "custom-image-values.yaml"} <= names
+            "custom-image-values.yaml", "monitoring-values.yaml"} <= names
+    monitoring = yaml.safe_load((CHART / "ci" / "monitoring-values.yaml").read_text())
+    switches = [monitoring["monitoring"]["podMonitors"]["members"]["enabled"],
+                monitoring["monitoring"]["podMonitors"]["operator"]["enabled"],
+                monitoring["monitoring"]["prometheusRule"]["enabled"],
+                monitoring["monitoring"]["grafanaDashboard"]["enabled"]]
+    assert switches == [True] * 4
     namespaced = yaml.safe_load((CHART / "ci" / "namespaced-watch-values.yaml").read_text())
     assert namespaced["operator"]["watchNamespaces"]
     custom = yaml.safe_load((CHART / "ci" / "custom-image-values.yaml").read_text())
@@ -232,6 +242,17 @@ def test_ci_scenarios_cover_default_namespaced_watch_and_custom_image():
     ({"topologySpreadConstraints": [{"maxSkew": 1}]}, "topologySpreadConstraints.0"),
     ({"podLabels": {"team": 7}}, "podLabels.team"),
     ({"rbac": {"aggregateClusterRoles": "yes"}}, "rbac.aggregateClusterRoles"),
+    ({"monitoring": {"podMonitors": {"members": {"scheme": "ftp"}}}},
+     "monitoring.podMonitors.members.scheme"),
+    ({"monitoring": {"podMonitors": {"operator": {"interval": "30 seconds"}}}},
+     "monitoring.podMonitors.operator.interval"),
+    ({"monitoring": {"podMonitors": {"members": {"tlsConfig": {"caFile": "/ca"}}}}},
+     "monitoring.podMonitors.members.tlsConfig"),
+    ({"monitoring": {"prometheusRule": {"disabledAlerts": ["NoSuchAlert"]}}},
+     "monitoring.prometheusRule.disabledAlerts.0"),
+    ({"monitoring": {"grafanaDashboard": {"namespace": "Monitoring"}}},
+     "monitoring.grafanaDashboard.namespace"),
+    ({"monitoring": {"podMonitor": {}}}, "monitoring"),
     ({"operater": {}}, "(top)"),
 ])
 def test_the_schema_refuses_bad_values(override, complaint):
@@ -259,7 +280,9 @@ def test_each_template_file_holds_one_resource_named_after_its_kind(template):
 def test_the_chart_has_the_expected_files():
     assert {p.name for p in RESOURCE_TEMPLATES} == {
         "serviceaccount.yaml", "clusterrole.yaml", "clusterrolebinding.yaml", "deployment.yaml",
-        "role.yaml", "rolebinding.yaml", "clusterrole-view.yaml", "clusterrole-edit.yaml"}
+        "role.yaml", "rolebinding.yaml", "clusterrole-view.yaml", "clusterrole-edit.yaml",
+        "podmonitor-members.yaml", "podmonitor-operator.yaml", "prometheusrule.yaml",
+        "configmap-dashboard.yaml"}
     assert (TEMPLATES / "_helpers.tpl").is_file()
     assert (TEMPLATES / "NOTES.txt").is_file()
     notes = (TEMPLATES / "NOTES.txt").read_text()
@@ -367,9 +390,15 @@ def test_helm_lint_passes(scenario):
 @pytest.mark.parametrize("version", [OLDEST_KUBERNETES, latest_version()])
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda p: p.name)
 def test_every_rendered_manifest_is_valid_kubernetes(scenario, version):
+    """kubernetes-validate knows the API server's own kinds; the Prometheus Operator's
+    (PodMonitor, PrometheusRule) are checked against monitoringschema.py instead."""
     docs = rendered(scenario)
     assert docs
     for doc in docs:
+        if monitoringschema.covers(doc):
+            problems = monitoringschema.problems(doc)
+            assert not problems, f"{doc['kind']} {doc['metadata']['name']}: {problems}"
+            continue
         try:
             kubernetes_validate.validate(doc, version, strict=True)
         except kubernetes_validate.ValidationError as exc:
@@ -408,7 +437,8 @@ def test_the_chart_renders_without_naming_a_kube_version():
 
 
 @pytest.mark.parametrize("setting", ["replicaCount=2", "operator.logLevel=loud",
-                                     "serviceAccount.create=false"])
+                                     "serviceAccount.create=false",
+                                     "monitoring.podMonitors.members.scheme=ftp"])
 def test_helm_refuses_bad_values_through_the_schema(setting):
     done = run_helm("template", "flotilla", str(CHART), "--set", setting)
     assert done.returncode != 0
@@ -434,7 +464,9 @@ def test_the_default_render_runs_one_hardened_kopf_operator_clusterwide():
     assert ports["metrics"] == 8081
     assert "priorityClassName" not in pod and "topologySpreadConstraints" not in pod
     assert "annotations" not in spec["template"]["metadata"]
-    # the aggregated roles are off by default
+    # monitoring and the aggregated roles are off by default
+    assert not [doc for doc in docs if doc["apiVersion"].startswith("monitoring.coreos.com")]
+    assert not [doc for doc in docs if doc["kind"] == "ConfigMap"]
     assert len([doc for doc in docs if doc["kind"] == "ClusterRole"]) == 1
     (liveness,) = [a for a in container["args"] if a.startswith("--liveness=")]
     port = int(re.fullmatch(r"--liveness=http://0\.0\.0\.0:(\d+)/healthz", liveness).group(1))
@@ -544,6 +576,8 @@ def test_a_spread_constraint_keeps_its_own_label_selector():
      'podLabels: "app.kubernetes.io/name" is one of the chart\'s own labels'),
     (["operator.metricsPort=8080"],
      "operator.metricsPort and operator.livenessPort are both 8080"),
+    (["operator.metricsPort=0", "monitoring.podMonitors.operator.enabled=true"],
+     "monitoring.podMonitors.operator.enabled needs the operator's metrics endpoint"),
 ])
 def test_contradictory_values_are_refused_with_a_reason(settings, complaint):
     done = run_helm("template", "flotilla", str(CHART),

@@ -234,3 +234,22 @@ newer: the RaftCluster CRD validates with CEL rules (x-kubernetes-validations), 
 Upgrade the cluster before creating RaftClusters.
 {{ end }}
 {{- end }}
+
+{{/*
+The namespaces whose pods a PodMonitor of members selects: those the operator watches when they
+are named, else every namespace.
+*/}}
+{{- define "flotilla.watchedNamespaceSelector" -}}
+{{- $named := true }}
+{{- range .Values.operator.watchNamespaces }}
+{{- if regexMatch "[*?]" . }}
+{{- $named = false }}
+{{- end }}
+{{- end }}
+{{- if and .Values.operator.watchNamespaces $named }}
+matchNames:
+  {{- toYaml .Values.operator.watchNamespaces | nindent 2 }}
+{{- else }}
+any: true
+{{- end }}
+{{- end }}
