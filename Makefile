@@ -53,10 +53,13 @@ $(README_GENERATOR):
 setup: $(VENV)/.installed $(HELM_DIR)/package/bin/helm $(README_GENERATOR)
 
 # Regenerates the tables of charts/flotilla/README.md (its "## Parameters" section) after a
-# change to values.yaml; tests/packaging checks that they are current.
+# change to values.yaml; tests/packaging checks that they are current. The generator's INFO
+# chatter goes to a log; on failure its ERROR lines (a value without `## @param`, a `## @param`
+# without a value) are shown.
 chart-docs: $(README_GENERATOR)
 	@$(README_GENERATOR) --values charts/flotilla/values.yaml \
-		--readme charts/flotilla/README.md >/dev/null
+		--readme charts/flotilla/README.md >$(README_GENERATOR_DIR)/last-run.log 2>&1 || \
+		{ grep -E '^(ERROR|Error):' $(README_GENERATOR_DIR)/last-run.log >&2; exit 1; }
 
 # pytest exits 5 when it collected no test: that must fail CI, not pass it.
 test: setup
