@@ -479,6 +479,39 @@ REFUSED_ON_CREATE = [
      ["spec.network.clientFrom", "must be of type array"]),
     ("network policy yes", {"network": {"policy": "yes"}},
      ["spec.network.policy", "must be of type boolean"]),
+    ("pod label the operator selects by", {"pod": {"metadata": {"labels": {
+        "team": "orders", "app.kubernetes.io/instance": "other"}}}},
+     ["spec.pod.metadata.labels", "must not set the labels the operator selects members by"]),
+    ("pod label value not a string", {"pod": {"metadata": {"labels": {"critical": True}}}},
+     ["spec.pod.metadata.labels.critical", "must be of type string"]),
+    ("pull secret without name", {"pod": {"imagePullSecrets": [{"secret": "regcred"}]}},
+     ["spec.pod.imagePullSecrets[0].name", "Required value"]),
+    ("service account not a name", {"pod": {"serviceAccountName": "Orders SA"}},
+     ["spec.pod.serviceAccountName", "should match"]),
+    ("toleration seconds without NoExecute", {"pod": {"tolerations": [
+        {"key": "k", "value": "v", "effect": "NoSchedule", "tolerationSeconds": 30}]}},
+     ["spec.pod.tolerations[0]", "tolerationSeconds goes with effect NoExecute"]),
+    ("toleration Exists with a value", {"pod": {"tolerations": [
+        {"key": "k", "operator": "Exists", "value": "v"}]}},
+     ["spec.pod.tolerations[0]", "operator Exists takes no value"]),
+    ("toleration without key nor Exists", {"pod": {"tolerations": [{"value": "v"}]}},
+     ["spec.pod.tolerations[0]", "without a key tolerates every taint"]),
+    ("toleration effect misspelt", {"pod": {"tolerations": [
+        {"key": "k", "operator": "Exists", "effect": "NoSchedul"}]}},
+     ["spec.pod.tolerations[0].effect", 'Unsupported value: "NoSchedul"']),
+    ("spread without topologyKey", {"pod": {"topologySpreadConstraints": [
+        {"maxSkew": 1, "whenUnsatisfiable": "DoNotSchedule"}]}},
+     ["spec.pod.topologySpreadConstraints[0].topologyKey", "Required value"]),
+    ("spread minDomains with ScheduleAnyway", {"pod": {"topologySpreadConstraints": [
+        {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+         "whenUnsatisfiable": "ScheduleAnyway", "minDomains": 3}]}},
+     ["spec.pod.topologySpreadConstraints[0]", "minDomains goes with whenUnsatisfiable"]),
+    ("node affinity weight 0", {"pod": {"affinity": {"nodeAffinity": {
+        "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 0, "preference": {}}]}}}},
+     ["preferredDuringSchedulingIgnoredDuringExecution[0].weight",
+      "greater than or equal to 1"]),
+    ("pod option misspelt", {"pod": {"nodeSelectors": {"disk": "ssd"}}},
+     ['unknown field "spec.pod.nodeSelectors"']),
 ]
 
 
@@ -554,6 +587,21 @@ ALLOWED_UPDATES = [
     ("replicas 3 to 5", {"replicas": 3}, {"replicas": 5}),
     ("replicas 5 to 1", {"replicas": 5}, {"replicas": 1}),
     ("storage.size default written out", {}, {"storage": {"size": "1Gi"}}),
+    ("pod options added, then changed", {},
+     {"pod": {"metadata": {"labels": {"team": "orders"},
+                           "annotations": {"sidecar.istio.io/inject": "false"}},
+              "imagePullSecrets": [{"name": "regcred"}], "serviceAccountName": "orders-s3",
+              "priorityClassName": "raft-critical", "nodeSelector": {"disk": "ssd"},
+              "tolerations": [{"key": "dedicated", "value": "raft", "effect": "NoSchedule"},
+                              {"operator": "Exists", "effect": "NoExecute",
+                               "tolerationSeconds": 60}],
+              "affinity": {"podAntiAffinity": {
+                  "requiredDuringSchedulingIgnoredDuringExecution": [{
+                      "topologyKey": "kubernetes.io/hostname", "labelSelector": {
+                          "matchLabels": {"app.kubernetes.io/instance": "orders"}}}]}},
+              "topologySpreadConstraints": [{"maxSkew": 1, "whenUnsatisfiable": "DoNotSchedule",
+                                             "topologyKey": "topology.kubernetes.io/zone",
+                                             "minDomains": 3}]}}),
     ("removedVolumePolicy changed", {}, {"storage": {"removedVolumePolicy": "Retain"}}),
     ("timing, image, snapshot, archive changed", {},
      {"timing": {"electionTimeoutMs": 3000, "heartbeatMs": 300}, "image": "flotilla:0.2",
