@@ -13,3 +13,16 @@ def fresh_secrets_memory():
     tlsassets.forget()
     yield
     tlsassets.forget()
+
+
+@pytest.fixture(scope="session")
+def kmock_api():
+    """One kmock API server for the tests that reconcile in this process against it (each in
+    a namespace of its own), and a Kube client of it."""
+    from tests.operator.kubelet import Kmock
+
+    server = Kmock().start()
+    try:
+        yield server.api()
+    finally:
+        server.stop()
