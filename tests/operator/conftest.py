@@ -15,10 +15,10 @@ def fresh_secrets_memory():
     tlsassets.forget()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def kmock_api():
-    """One kmock API server for the tests that reconcile in this process against it (each in
-    a namespace of its own), and a Kube client of it."""
+    """A kmock API server of its own (kmock answers more slowly as it holds more objects) for
+    a test that reconciles in this process against it, and a Kube client of it."""
     from tests.operator.kubelet import Kmock
 
     server = Kmock().start()
