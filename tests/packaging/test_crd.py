@@ -228,10 +228,22 @@ def _example(name: str, kind: str = "RaftCluster") -> dict[str, Any]:
     return next(d for d in _documents(ROOT / "examples" / name) if d["kind"] == kind)
 
 
-def test_the_six_examples_exist() -> None:
+def test_the_seven_examples_exist() -> None:
     assert [p.name for p in EXAMPLES] == ["basic.yaml", "compaction-and-export.yaml",
-                                          "restore-point-in-time.yaml", "restore.yaml",
-                                          "s3-archive.yaml", "tls-cert-manager.yaml"]
+                                          "pod-placement.yaml", "restore-point-in-time.yaml",
+                                          "restore.yaml", "s3-archive.yaml",
+                                          "tls-cert-manager.yaml"]
+
+
+def test_the_pod_placement_example_reads_as_the_operator_reads_it(validator: CRDValidator
+                                                                  ) -> None:
+    spec = ClusterSpec.from_body(validator.admit(_example("pod-placement.yaml"))[0])
+    account = _example("pod-placement.yaml", kind="ServiceAccount")
+    assert spec.pod.service_account_name == account["metadata"]["name"]
+    assert spec.archive is not None and spec.archive.access_key_id is None  # the IAM role
+    assert spec.pod.image_pull_secrets == ("regcred",)
+    assert [c["whenUnsatisfiable"] for c in spec.pod.spread(spec.selector_labels)] == [
+        "DoNotSchedule", "ScheduleAnyway"]
 
 
 def test_the_cert_manager_example_reads_as_the_operator_reads_it(validator: CRDValidator
