@@ -315,6 +315,29 @@ def test_a_larger_size_grows_every_member_claim_and_leaves_the_template(kmock_ap
         "Stalled": ("True", "ShrinkRefused"), "Reconciling": ("False", "Stalled")}
 
 
+def test_a_claim_made_later_at_the_templates_size_is_grown_too(kmock_api, ns):
+    api = kmock_api
+    storage_class(api, "expandable", True)
+    create(api, ns, storage={"size": "1Gi", "storageClassName": "expandable"})
+    round_(api, ns)
+    claims(api, ns)
+    change(api, ns, {"storage": {"size": "3Gi", "storageClassName": "expandable"}})
+    round_(api, ns)
+    # a fourth pod, as a scale-up makes it: its claim comes from the (unchanged) template
+    api.patch("StatefulSet", ns, "demo", {"spec": {"replicas": 4}})
+    template = api.get("StatefulSet", ns, "demo")["spec"]["volumeClaimTemplates"][0]
+    api.create({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                "metadata": {"name": "data-demo-3", "namespace": ns,
+                             "labels": template["metadata"]["labels"]},
+                "spec": copy.deepcopy(template["spec"]), "status": {"phase": "Bound"}})
+    assert template["spec"]["resources"]["requests"]["storage"] == "1Gi"
+    outcome = round_(api, ns)
+    assert api.get("PersistentVolumeClaim", ns, "data-demo-3")["spec"]["resources"][
+        "requests"]["storage"] == "3Gi"
+    assert [e[2] for e in outcome.events if e[1] == "VolumesResizing"] == [
+        "spec.storage.size is 3Gi: data-demo-3 1Gi -> 3Gi"]
+
+
 @pytest.mark.parametrize(("storage_class_name", "expandable", "reason", "words"), [
     ("fixed", False, "ExpansionNotAllowed", "StorageClass fixed does not allow volume "
                                             "expansion"),
@@ -343,3 +366,28 @@ def test_a_class_that_cannot_grow_volumes_is_said_and_nothing_is_patched(
     round_(api, ns)
     assert summary(api, ns, "VolumesResized", "Stalled") == {
         "VolumesResized": ("True", "Resized"), "Stalled": ("False", "Progressing")}
+
+
+def test_an_object_the_api_server_refuses_holds_the_cluster_with_its_message():
+    """What the operator's checks let through and the API server refuses (here a StatefulSet
+    refused as a stricter admission webhook would refuse it) is said, not retried blindly."""
+    import kmock
+
+    from tests.operator.kubelet import Kmock
+
+    server = Kmock().start()
+    try:
+        refusal = ('StatefulSet.apps "demo" is invalid: spec.template.spec.priorityClassName: '
+                   'Forbidden: no PriorityClass with name raft-critical was found')
+        server.emulator[f"post /apis/apps/v1/namespaces/{NS}/statefulsets"] << kmock.Response(
+            status=422, payload={"kind": "Status", "message": refusal})
+        api = server.api()
+        create(api, NS, pod={"priorityClassName": "raft-critical"})
+        outcome = round_(api, NS)
+        assert ("Warning", "Rejected") in reasons(outcome)
+        assert status(api, NS)["phase"] == "Invalid"
+        stalled = conditions(api, NS)["Stalled"]
+        assert (stalled["status"], stalled["reason"]) == ("True", "Rejected")
+        assert refusal in stalled["message"] and "StatefulSet demo" in stalled["message"]
+    finally:
+        server.stop()
