@@ -123,7 +123,10 @@ async def run(body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped,
                 logger.debug(f"round of {time.monotonic() - began:.2f}s: "
                              f"{outcome.status.get('lastAction')}")
                 await _tell(body, uid, outcome, logger)  # what was done, then where it stands
-                if pacing.write_due(written, outcome.status, time.monotonic() - written_at):
+                # Once stopped (the RaftCluster is being deleted), the finalizer writes the
+                # status: a round that began before must not put an older phase back.
+                if not stopped and pacing.write_due(written, outcome.status,
+                                                    time.monotonic() - written_at):
                     await asyncio.to_thread(_api().patch, "RaftCluster", *where,
                                             {"status": outcome.status}, "status")
                     written = pacing.merge(written, outcome.status)

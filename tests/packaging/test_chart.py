@@ -53,7 +53,7 @@ EXPECTED_RULES: dict[tuple[str, str], set[str]] = {
     ("", "pods"): {"get", "list", "watch", "delete"},
     ("batch", "jobs"): {"get", "list", "watch", "create", "delete"},
     ("batch", "cronjobs"): {"list", "create", "patch", "delete"},
-    ("", "persistentvolumeclaims"): {"get", "list", "watch", "delete"},
+    ("", "persistentvolumeclaims"): {"get", "list", "watch", "patch", "delete"},
     ("", "secrets"): {"get", "create", "patch"},
     ("networking.k8s.io", "networkpolicies"): {"get", "create", "patch", "delete"},
     ("", "configmaps"): {"get", "list", "watch", "create", "patch"},
@@ -61,10 +61,12 @@ EXPECTED_RULES: dict[tuple[str, str], set[str]] = {
     ("events.k8s.io", "events"): {"create"},
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
     ("", "namespaces"): {"list", "watch"},
+    ("storage.k8s.io", "storageclasses"): {"get"},
 }
-# Only what kopf needs to watch every namespace: a Role cannot grant it, and namespaced mode
-# does without.
-CLUSTER_SCOPED = {("apiextensions.k8s.io", "customresourcedefinitions"), ("", "namespaces")}
+# What kopf needs to watch every namespace, and whether a StorageClass lets volumes grow: a
+# Role cannot grant these, and namespaced mode does without.
+CLUSTER_SCOPED = {("apiextensions.k8s.io", "customresourcedefinitions"), ("", "namespaces"),
+                  ("storage.k8s.io", "storageclasses")}
 # With rbac.certManager (spec.tls.issuerRef).
 CERT_MANAGER_RULES = {("cert-manager.io", "certificates"): {"get", "create", "patch"}}
 

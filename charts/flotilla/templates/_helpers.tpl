@@ -162,9 +162,10 @@ RaftCluster.
   verbs: ["list", "create", "patch", "delete"]
 # spec.storage.removedVolumePolicy: Delete removes the volume of a member taken out by a
 # scale-down, and a retained volume is deleted before its ordinal comes back (never rejoined).
+# A larger spec.storage.size is patched into each member's claim (the volume grows in place).
 - apiGroups: [""]
   resources: ["persistentvolumeclaims"]
-  verbs: ["get", "list", "watch", "delete"]
+  verbs: ["get", "list", "watch", "patch", "delete"]
 # Each cluster's bootstrap ConfigMap (NAME-bootstrap): how a member with an empty volume
 # starts, `new` until the cluster has served and `existing` after, outside the pod template.
 - apiGroups: [""]
