@@ -73,9 +73,10 @@ class Kube:
         doc = self._call("GET", f"{object_path(kind, namespace)}{query}")
         return list(doc.get("items") or [])
 
-    def create(self, body: Mapping[str, Any]) -> dict[str, Any]:
+    def create(self, body: Mapping[str, Any],
+               field_manager: str = FIELD_MANAGER) -> dict[str, Any]:
         meta = body["metadata"]
-        query = urlencode({"fieldManager": FIELD_MANAGER})
+        query = urlencode({"fieldManager": field_manager})
         return self._call("POST", f"{object_path(body['kind'], meta['namespace'])}?{query}", body)
 
     def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:
