@@ -494,7 +494,7 @@ def _print_status(name: str, namespace: str, body: Mapping[str, Any], names: lis
             entry = asked.get(kind)
             if entry:
                 to = f" to {entry['member']}" if entry.get("member") else ""
-                print(f"last {label}{to}, asked at {entry.get('requestedAt')}: "
+                print(f"requested {label}{to} (at {entry.get('requestedAt')}): "
                       f"{entry.get('outcome', 'pending')}: {entry.get('message', '')}")
 
 

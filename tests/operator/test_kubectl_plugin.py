@@ -202,7 +202,7 @@ def test_the_operator_refuses_a_request_it_cannot_carry_out(world: World, capsys
     assert warnings and warnings[-1].startswith(entry["message"])
     code, out, err = world.plugin(capsys, "status", NAME)
     assert code == 0, err
-    assert f"last move-leader to demo-9, asked at {stamp}: Failed: {entry['message']}" in out
+    assert f"requested move-leader to demo-9 (at {stamp}): Failed: {entry['message']}" in out
 
 
 def test_the_quickstarts_writes_through_a_forwarded_follower(world: World, capsys,
