@@ -23,7 +23,7 @@ from typing import Any
 
 import kopf
 
-from . import pacing
+from . import pacing, requests
 from .kube import Kube
 from .planner import Action
 from .reconcile import Outcome, finalize, reconcile
@@ -137,9 +137,9 @@ async def run(body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped,
                 previous = None
             else:
                 action = outcome.plan.action if outcome.plan is not None else None
-                waited = pacing.next_look(action, outcome.step_error is not None, previous,
-                                          waited, pace,
-                                          restoring=outcome.status.get("phase") == "Restoring")
+                waited = 0.0 if outcome.requests_done else pacing.next_look(
+                    action, outcome.step_error is not None, previous, waited, pace,
+                    restoring=outcome.status.get("phase") == "Restoring")
                 previous = action
             if waited > 0:
                 with contextlib.suppress(TimeoutError):
@@ -150,10 +150,11 @@ async def run(body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped,
 
 
 def _changes(body: Mapping[str, Any]) -> tuple[Any, ...]:
-    """What, changed on the RaftCluster, calls for a round: its generation and spec (a status
-    the daemon wrote itself does not)."""
+    """What, changed on the RaftCluster, calls for a round: its generation and spec, and the
+    annotations of a user's requests (a status the daemon wrote itself does not)."""
     meta = body.get("metadata") or {}
-    return meta.get("generation"), body.get("spec"), meta.get("deletionTimestamp")
+    return (meta.get("generation"), body.get("spec"), meta.get("deletionTimestamp"),
+            requests.watched(body))
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)

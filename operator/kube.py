@@ -84,9 +84,10 @@ class Kube:
         doc = self._call("GET", f"{object_path(kind, namespace)}{query}")
         return list(doc.get("items") or [])
 
-    def create(self, body: Mapping[str, Any]) -> dict[str, Any]:
+    def create(self, body: Mapping[str, Any],
+               field_manager: str = FIELD_MANAGER) -> dict[str, Any]:
         path = object_path(body["kind"], body["metadata"].get("namespace", ""))
-        query = urlencode({"fieldManager": FIELD_MANAGER})
+        query = urlencode({"fieldManager": field_manager})
         return self._call("POST", f"{path}?{query}", body)
 
     def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:

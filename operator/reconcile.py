@@ -24,7 +24,17 @@ from typing import Any
 
 from flotilla.client import FlotillaError
 
-from . import archivejobs, certs, kstatus, podstate, render, restorejob, tlsassets, volumes
+from . import (
+    archivejobs,
+    certs,
+    kstatus,
+    podstate,
+    render,
+    requests,
+    restorejob,
+    tlsassets,
+    volumes,
+)
 from .jobs import foreign
 from .kube import ApiError, Kube
 from .members import Members
@@ -76,6 +86,9 @@ class Outcome:
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
     plan: Plan | None = None
     step_error: str | None = None  # why the planned step failed, if it did
+    # A user's request was carried out (a snapshot, leadership moved): the cluster is worth
+    # a look again at once, as after a step.
+    requests_done: bool = False
 
 
 def reconcile(kube: Kube, body: Mapping[str, Any], *, default_image: str,
@@ -230,9 +243,20 @@ def _reconcile(kube: Kube, body: Mapping[str, Any], *, default_image: str,
     status = _status(spec, old, result, pods, voters, step_error, stage, sizing,
                      names[:target_size])
     status["tls"] = _replacing(old.get("tls") or {}, tls.status)
+    # What a user asked for through annotations (a snapshot now, leadership to a voter), in a
+    # round that took no step on the members or their pods; otherwise the next round, which
+    # comes at once after a step.
+    asked = requests.pending(body, old)
+    if asked and action.step in (Step.WAIT, Step.DONE, Step.RESIZE):
+        entries, asked_events = requests.carry_out(asked, members, running, lead,
+                                                   _rfc3339(now))
+        events += asked_events
+        recorded = old.get("requests") or {}
+        status["requests"] = {kind: _replacing(recorded.get(kind) or {}, entry)
+                              for kind, entry in entries.items()}
     if archive_jobs is not None:
         status["archiveJobs"] = archive_jobs
-    return Outcome(status, events, result, step_error)
+    return Outcome(status, events, result, step_error, requests_done="requests" in status)
 
 
 def operator_peer() -> dict[str, Any] | None:
