@@ -22,9 +22,12 @@ from collections.abc import Mapping
 from typing import Any
 
 import kopf
+import urllib3
+
+from flotilla.client import FlotillaError
 
 from . import pacing
-from .kube import Kube
+from .kube import ApiError, Kube
 from .planner import Action
 from .reconcile import Outcome, finalize, reconcile
 from .spec import DEFAULT_IMAGE, GROUP, VERSION
@@ -129,7 +132,7 @@ async def run(body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped,
                     written = pacing.merge(written, outcome.status)
                     written_at = time.monotonic()
             except Exception as exc:  # the next round plans again from what it observes
-                logger.exception(f"round failed, retried: {exc}")
+                _round_failed(logger, exc)
                 waited = pacing.next_look(None, True, previous, waited, pace)
                 previous = None
             else:
@@ -144,6 +147,18 @@ async def run(body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped,
     finally:
         if memo.wakers.get(where) is wake:
             del memo.wakers[where]
+
+
+#: What a round can meet that is not a bug: the API server or a member refusing or not
+#: answering. Logged in one line; anything else is logged with its traceback.
+EXPECTED_FAILURES = (ApiError, FlotillaError, OSError, TimeoutError, urllib3.exceptions.HTTPError)
+
+
+def _round_failed(logger: logging.Logger, exc: Exception) -> None:
+    if isinstance(exc, EXPECTED_FAILURES):
+        logger.warning(f"round failed, retried: {exc}")
+    else:
+        logger.exception(f"round failed, retried: {exc}")
 
 
 def _changes(body: Mapping[str, Any]) -> tuple[Any, ...]:

@@ -4,6 +4,8 @@ It talks to the API server as kubectl would: the pod's service account in a clus
 the local kubeconfig (KUBECONFIG). One replica at a time (kopf standalone mode: the chart runs
 a single replica with the Recreate strategy).
 
+It logs on stderr as text or JSON (`--log-format`, `--log-level`; kopf's own records too).
+
 Exit codes: 0 after a clean stop; 1 when it cannot reach Kubernetes at all (no in-cluster
 service account and no usable kubeconfig), with one line saying what to do; 2 for bad flags.
 """
@@ -11,12 +13,13 @@ service account and no usable kubeconfig), with one line saying what to do; 2 fo
 from __future__ import annotations
 
 import argparse
-import logging
 import math
 import os
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
+
+from flotilla import logs
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -65,6 +68,21 @@ def _interval(text: str) -> float:
     return value
 
 
+def _log_format(text: str) -> str:
+    try:
+        return logs.parse_format(text, "")
+    except logs.LogSettingError:
+        raise argparse.ArgumentTypeError(f"expected text or json, not {text!r}") from None
+
+
+def _log_level(text: str) -> str:
+    try:
+        return logs.parse_level(text, "")
+    except logs.LogSettingError:
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(logs.LEVELS)}, not "
+                                         f"{text!r}") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="flotilla operator",
@@ -90,7 +108,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "FLOTILLA_OPERATOR_INTERVAL; default 30)")
     p.add_argument("--liveness", default=None, metavar="URL",
                    help="serve a liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
-    p.add_argument("--verbose", "-v", action="store_true", help="debug logging")
+    p.add_argument("--log-format", type=_log_format, metavar="FORMAT",
+                   default=os.environ.get("FLOTILLA_LOG_FORMAT") or "text",
+                   help="text (default) or json: one object per line, kopf's records included "
+                        "(env FLOTILLA_LOG_FORMAT)")
+    p.add_argument("--log-level", type=_log_level, metavar="LEVEL",
+                   default=os.environ.get("FLOTILLA_LOG_LEVEL") or None,
+                   help="debug, info (default), warning or error (env FLOTILLA_LOG_LEVEL)")
+    p.add_argument("--verbose", "-v", action="store_true",
+                   help="debug logging: the same as --log-level debug")
     return p
 
 
@@ -107,12 +133,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ["FLOTILLA_OPERATOR_INTERVAL"] = str(args.interval)
     if args.default_image:
         os.environ["FLOTILLA_DEFAULT_IMAGE"] = args.default_image
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    level = args.log_level or ("debug" if args.verbose else "info")
+    logs.configure(args.log_format, level)
 
     problem = kubernetes_config_problem()
     if problem is not None:
-        print(f"flotilla operator: {problem}", file=sys.stderr)
+        logs.fatal("flotilla operator", problem, args.log_format)
         return EXIT_FAILED
 
     import kopf

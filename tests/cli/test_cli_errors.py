@@ -79,6 +79,8 @@ def bad_usage() -> list:
         pytest.param(["operator"], {"FLOTILLA_OPERATOR_INTERVAL": "x"},
                      id="bad FLOTILLA_OPERATOR_INTERVAL"),
         pytest.param(["operator", "--no-such-flag"], {}, id="operator unknown flag"),
+        pytest.param(["operator", "--log-format", "xml"], {}, id="operator --log-format xml"),
+        pytest.param(["operator"], {"FLOTILLA_LOG_LEVEL": "loud"}, id="bad FLOTILLA_LOG_LEVEL"),
     ]
     for command in TIMED:
         for value in ("0", "-1", "nan", "inf"):

@@ -16,6 +16,8 @@ def started(monkeypatch) -> dict[str, Any]:
     monkeypatch.setenv("FLOTILLA_OPERATOR_INTERVAL", "5")  # main sets it; restored after
     monkeypatch.setattr(main, "kubernetes_config_problem", lambda: None)
     monkeypatch.setattr(handlers, "STATIC_NAMESPACES", False)
+    # main sets up the logging of its process: not of this test process
+    monkeypatch.setattr(main.logs, "configure", lambda *args, **kwargs: None)
     seen: dict[str, Any] = {}
     monkeypatch.setattr(kopf, "run", lambda **kw: seen.update(kw))
     return seen
