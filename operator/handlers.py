@@ -28,6 +28,7 @@ from flotilla.client import FlotillaError
 
 from . import pacing
 from .kube import ApiError, Kube
+from .metrics import METRICS
 from .planner import Action
 from .reconcile import Outcome, finalize, reconcile
 from .spec import DEFAULT_IMAGE, GROUP, VERSION
@@ -123,6 +124,7 @@ async def run(body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped,
             try:
                 began = time.monotonic()
                 outcome = await asyncio.to_thread(_round, seen)
+                METRICS.round_done(where, time.monotonic() - began, outcome)
                 logger.debug(f"round of {time.monotonic() - began:.2f}s: "
                              f"{outcome.status.get('lastAction')}")
                 await _tell(body, uid, outcome, logger)  # what was done, then where it stands
@@ -132,6 +134,7 @@ async def run(body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped,
                     written = pacing.merge(written, outcome.status)
                     written_at = time.monotonic()
             except Exception as exc:  # the next round plans again from what it observes
+                METRICS.round_failed(where, time.monotonic() - began)
                 _round_failed(logger, exc)
                 waited = pacing.next_look(None, True, previous, waited, pace)
                 previous = None
@@ -145,6 +148,7 @@ async def run(body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped,
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(wake.wait(), timeout=waited)
     finally:
+        METRICS.forget(where)
         if memo.wakers.get(where) is wake:
             del memo.wakers[where]
 

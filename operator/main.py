@@ -4,15 +4,18 @@ It talks to the API server as kubectl would: the pod's service account in a clus
 the local kubeconfig (KUBECONFIG). One replica at a time (kopf standalone mode: the chart runs
 a single replica with the Recreate strategy).
 
-It logs on stderr as text or JSON (`--log-format`, `--log-level`; kopf's own records too).
+It serves its own metrics on `--metrics-port` (default 8081, plain HTTP, /metrics; 0: none)
+and logs on stderr as text or JSON (`--log-format`, `--log-level`; kopf's own records too).
 
 Exit codes: 0 after a clean stop; 1 when it cannot reach Kubernetes at all (no in-cluster
-service account and no usable kubeconfig), with one line saying what to do; 2 for bad flags.
+service account and no usable kubeconfig), with one line saying what to do; 2 for bad flags
+or a metrics port it cannot listen on.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import os
 import sys
@@ -22,6 +25,7 @@ from typing import NoReturn
 from flotilla import logs
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+DEFAULT_METRICS_PORT = 8081
 
 
 def kubernetes_config_problem() -> str | None:
@@ -68,6 +72,12 @@ def _interval(text: str) -> float:
     return value
 
 
+def _port(text: str) -> int:
+    if not text.strip().isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number from 0 to 65535, not {text!r}")
+    return int(text)
+
+
 def _log_format(text: str) -> str:
     try:
         return logs.parse_format(text, "")
@@ -108,6 +118,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "FLOTILLA_OPERATOR_INTERVAL; default 30)")
     p.add_argument("--liveness", default=None, metavar="URL",
                    help="serve a liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
+    p.add_argument("--metrics-port", type=_port, metavar="PORT",
+                   default=os.environ.get("FLOTILLA_METRICS_PORT") or str(DEFAULT_METRICS_PORT),
+                   help="serve the operator's Prometheus metrics on this port, path /metrics, "
+                        f"plain HTTP (env FLOTILLA_METRICS_PORT; default {DEFAULT_METRICS_PORT};"
+                        " 0: none)")
     p.add_argument("--log-format", type=_log_format, metavar="FORMAT",
                    default=os.environ.get("FLOTILLA_LOG_FORMAT") or "text",
                    help="text (default) or json: one object per line, kopf's records included "
@@ -144,6 +159,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     import kopf
 
     from . import handlers  # registers the handlers
+    from .metrics import METRICS
+
+    if args.metrics_port:
+        try:
+            METRICS.serve(args.metrics_port)
+        except OSError as exc:
+            logs.fatal("flotilla operator", f"cannot listen on port {args.metrics_port} "
+                       f"(--metrics-port): {os.strerror(exc.errno) if exc.errno else exc}; "
+                       "choose another port, or 0 for no metrics", args.log_format)
+            return EXIT_USAGE
+        logging.getLogger("flotilla.operator").info(
+            "serving metrics on port %d, path /metrics", args.metrics_port)
 
     handlers.STATIC_NAMESPACES = bool(args.namespace) and not any(
         set(ns) & set("*?[]!") for ns in args.namespace)

@@ -28,7 +28,7 @@ from . import archivejobs, certs, render, restorejob, tlsassets
 from .jobs import foreign
 from .kube import ApiError, Kube
 from .members import Members
-from .memberstatus import ArchiveState, Configuration, SnapshotState
+from .memberstatus import ArchiveState, Configuration, MemberStatus, SnapshotState
 from .planner import Action, CatchUp, Observed, Plan, Record, Slot, Step, plan
 from .restorejob import Move, Stage
 from .spec import ARCHIVE_JOBS, ClusterSpec, SpecError
@@ -76,6 +76,8 @@ class Outcome:
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
     plan: Plan | None = None
     step_error: str | None = None  # why the planned step failed, if it did
+    # Each running member's /v1/status this round, None where it did not answer (metrics.py).
+    statuses: Mapping[str, MemberStatus | None] = field(default_factory=dict)
 
 
 def reconcile(kube: Kube, body: Mapping[str, Any], *, default_image: str,
@@ -188,7 +190,7 @@ def reconcile(kube: Kube, body: Mapping[str, Any], *, default_image: str,
     status["tls"] = _replacing(old.get("tls") or {}, tls.status)
     if archive_jobs is not None:
         status["archiveJobs"] = archive_jobs
-    return Outcome(status, events, result, step_error)
+    return Outcome(status, events, result, step_error, statuses)
 
 
 def operator_peer() -> dict[str, Any] | None:

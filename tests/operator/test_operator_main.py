@@ -14,6 +14,7 @@ from flotilla.operator import handlers, main
 def started(monkeypatch) -> dict[str, Any]:
     """`main` up to kopf.run, which records what it was given instead of running."""
     monkeypatch.setenv("FLOTILLA_OPERATOR_INTERVAL", "5")  # main sets it; restored after
+    monkeypatch.setenv("FLOTILLA_METRICS_PORT", "0")  # no metrics server in the test process
     monkeypatch.setattr(main, "kubernetes_config_problem", lambda: None)
     monkeypatch.setattr(handlers, "STATIC_NAMESPACES", False)
     # main sets up the logging of its process: not of this test process
