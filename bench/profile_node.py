@@ -79,7 +79,7 @@ def parse_raw(path: Path) -> list[tuple[list[str], int]]:
 # these show up as "own" time. They are listed, but left out of the CPU-normalised figures.
 WAITS = re.compile(r"^(EpollSelector\.select \(selectors\.py|_worker \(concurrent/futures/"
                    r"thread\.py|DiskStorage\.sync \(node/storage/wal\.py|Event\.wait|"
-                   r"Condition\.wait)")
+                   r"Condition\.wait|DiskThread\._work \(node/diskthread\.py)")
 
 
 def summarize(samples: list[tuple[list[str], int]], writes: int, cpu_us_per_write: float | None,

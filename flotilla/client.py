@@ -4,7 +4,7 @@ Only the standard library is used (``http.client``, one keep-alive connection pe
 TCP_NODELAY), so scripts can use it without aiohttp; ``https://`` endpoints take their TLS
 context from ``flotilla.node.tls``, the one the members dial each other with.
 
-What a call does for you (CONTRACT.md, "Client API"):
+What a call does for you (docs/contract.md, "The client API"):
 
 * **Leader discovery.** Any member serves any request (followers forward to the leader), but
   going to the leader saves a hop. The client asks ``GET /v1/status`` of an endpoint, learns

@@ -1,5 +1,5 @@
-"""HTTP for any state machine: `POST /v1/command` and `POST /v1/query` (CONTRACT.md, "State
-machines"), and the refusal `/v1/kv` gives on a member that runs another machine.
+"""HTTP for any state machine: `POST /v1/command` and `POST /v1/query` (docs/contract.md,
+"The client API"), and the refusal `/v1/kv` gives on a member that runs another machine.
 
 A command is the request body, proposed as it is; the machine's result comes back as JSON. It
 takes the path of a key-value write: followers forward it to the leader, and the same limits

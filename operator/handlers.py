@@ -26,7 +26,7 @@ import urllib3
 
 from flotilla.client import FlotillaError
 
-from . import pacing
+from . import pacing, requests
 from .kube import ApiError, Kube
 from .metrics import METRICS
 from .planner import Action
@@ -128,7 +128,10 @@ async def run(body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped,
                 logger.debug(f"round of {time.monotonic() - began:.2f}s: "
                              f"{outcome.status.get('lastAction')}")
                 await _tell(body, uid, outcome, logger)  # what was done, then where it stands
-                if pacing.write_due(written, outcome.status, time.monotonic() - written_at):
+                # Once stopped (the RaftCluster is being deleted), the finalizer writes the
+                # status: a round that began before must not put an older phase back.
+                if not stopped and pacing.write_due(written, outcome.status,
+                                                    time.monotonic() - written_at):
                     await asyncio.to_thread(_api().patch, "RaftCluster", *where,
                                             {"status": outcome.status}, "status")
                     written = pacing.merge(written, outcome.status)
@@ -140,9 +143,9 @@ async def run(body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped,
                 previous = None
             else:
                 action = outcome.plan.action if outcome.plan is not None else None
-                waited = pacing.next_look(action, outcome.step_error is not None, previous,
-                                          waited, pace,
-                                          restoring=outcome.status.get("phase") == "Restoring")
+                waited = 0.0 if outcome.requests_done else pacing.next_look(
+                    action, outcome.step_error is not None, previous, waited, pace,
+                    restoring=outcome.status.get("phase") == "Restoring")
                 previous = action
             if waited > 0:
                 with contextlib.suppress(TimeoutError):
@@ -166,10 +169,11 @@ def _round_failed(logger: logging.Logger, exc: Exception) -> None:
 
 
 def _changes(body: Mapping[str, Any]) -> tuple[Any, ...]:
-    """What, changed on the RaftCluster, calls for a round: its generation and spec (a status
-    the daemon wrote itself does not)."""
+    """What, changed on the RaftCluster, calls for a round: its generation and spec, and the
+    annotations of a user's requests (a status the daemon wrote itself does not)."""
     meta = body.get("metadata") or {}
-    return meta.get("generation"), body.get("spec"), meta.get("deletionTimestamp")
+    return (meta.get("generation"), body.get("spec"), meta.get("deletionTimestamp"),
+            requests.watched(body))
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)

@@ -8,8 +8,10 @@ a whole reconcile in a worker thread.
 
 from __future__ import annotations
 
+import hashlib
 import json
-import uuid
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -35,7 +37,12 @@ _RESOURCES = {
     "CronJob": ("/apis/batch/v1", "cronjobs"),
     "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies"),
     "Certificate": ("/apis/cert-manager.io/v1", "certificates"),
+    "StorageClass": ("/apis/storage.k8s.io/v1", "storageclasses"),
 }
+_CLUSTER_SCOPED = {"StorageClass"}  # their namespace argument is ignored
+# Events remembered for aggregation (client-go's EventRecorder keeps as many): an Event said
+# again updates its count and lastTimestamp instead of becoming a new object.
+EVENT_CACHE_SIZE = 4096
 
 
 class ApiError(Exception):
@@ -46,7 +53,8 @@ class ApiError(Exception):
 
 def object_path(kind: str, namespace: str, name: str | None = None) -> str:
     prefix, plural = _RESOURCES[kind]
-    path = f"{prefix}/namespaces/{quote(namespace, safe='')}/{plural}"
+    path = (f"{prefix}/{plural}" if kind in _CLUSTER_SCOPED
+            else f"{prefix}/namespaces/{quote(namespace, safe='')}/{plural}")
     return f"{path}/{quote(name, safe='')}" if name else path
 
 
@@ -58,6 +66,9 @@ class Kube:
         if api_client is None:
             api_client = _default_client()
         self.api = api_client
+        # (object, type, reason, message) -> the count of its Event; oldest first
+        self._events: OrderedDict[tuple[str, str, str, str], int] = OrderedDict()
+        self._events_lock = threading.Lock()
 
     def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         try:
@@ -73,10 +84,11 @@ class Kube:
         doc = self._call("GET", f"{object_path(kind, namespace)}{query}")
         return list(doc.get("items") or [])
 
-    def create(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        meta = body["metadata"]
-        query = urlencode({"fieldManager": FIELD_MANAGER})
-        return self._call("POST", f"{object_path(body['kind'], meta['namespace'])}?{query}", body)
+    def create(self, body: Mapping[str, Any],
+               field_manager: str = FIELD_MANAGER) -> dict[str, Any]:
+        path = object_path(body["kind"], body["metadata"].get("namespace", ""))
+        query = urlencode({"fieldManager": field_manager})
+        return self._call("POST", f"{path}?{query}", body)
 
     def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         """Server-side apply of the whole object as FIELD_MANAGER (forced: the operator owns
@@ -114,20 +126,62 @@ class Kube:
 
     def event(self, obj: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
         """A core/v1 Event about `obj` (what `kubectl describe` and `kubectl get events`
-        show). Named like kubectl names them, NAME.<random>, rather than with generateName."""
+        show), aggregated as client-go's EventRecorder does: the same type, reason and message
+        about the same object again raises the count and lastTimestamp of the Event already
+        posted (`kubectl describe` shows "x3 over 5m") instead of adding another.
+
+        The Event's name is a digest of what it says (NAME.<16 hex digits>), so an operator
+        that restarted, and lost its memory of the counts, finds it by name (a create that
+        conflicts) and counts on; once the API server has expired it, a new one starts."""
         meta = obj.get("metadata") or {}
+        namespace = meta.get("namespace") or "default"
+        message = message[:1024]
+        key = (str(meta.get("uid") or f"{namespace}/{meta.get('name')}"), kind, reason, message)
+        name = f"{meta.get('name')}.{hashlib.sha256(repr(key).encode()).hexdigest()[:16]}"
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        self.create({
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"name": f"{meta.get('name')}.{uuid.uuid4().hex[:16]}",
-                         "namespace": meta.get("namespace") or "default"},
-            "involvedObject": {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"),
-                               "name": meta.get("name"), "namespace": meta.get("namespace"),
-                               "uid": meta.get("uid")},
-            "type": kind, "reason": reason, "message": message[:1024],
-            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
-            "source": {"component": COMPONENT}, "reportingComponent": COMPONENT,
-        })
+        with self._events_lock:
+            count = self._events.get(key)
+        if count is not None and self._count_again(namespace, name, count + 1, now):
+            self._remember(key, count + 1)
+            return
+        try:
+            self.create({
+                "apiVersion": "v1", "kind": "Event",
+                "metadata": {"name": name, "namespace": namespace},
+                "involvedObject": {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"),
+                                   "name": meta.get("name"), "namespace": meta.get("namespace"),
+                                   "uid": meta.get("uid")},
+                "type": kind, "reason": reason, "message": message,
+                "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+                "source": {"component": COMPONENT}, "reportingComponent": COMPONENT,
+            })
+            count = 1
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+            posted = self.get("Event", namespace, name) or {}
+            count = int(posted.get("count") or 1) + 1
+            if not self._count_again(namespace, name, count, now):
+                count = 0  # gone between the two calls: the next one creates it afresh
+        self._remember(key, count)
+
+    def _count_again(self, namespace: str, name: str, count: int, now: str) -> bool:
+        """Patch a posted Event's count and lastTimestamp; False if it is gone (expired)."""
+        try:
+            self.patch("Event", namespace, name, {"count": count, "lastTimestamp": now})
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+            return False
+        return True
+
+    def _remember(self, key: tuple[str, str, str, str], count: int) -> None:
+        with self._events_lock:
+            self._events.pop(key, None)
+            if count:
+                self._events[key] = count
+            while len(self._events) > EVENT_CACHE_SIZE:
+                self._events.popitem(last=False)
 
     def _call(self, method: str, path: str, body: Any = None,
               content_type: str = "application/json") -> dict[str, Any]:

@@ -121,6 +121,14 @@ class Members:
                     ssl_context=self.ssl_context) as c:
             return c.snapshot()
 
+    def move_leader(self, member: str, reachable: Iterable[str]) -> dict[str, Any]:
+        """Hand leadership to voter `member` (POST /v1/leader); `{leader, term}` once it
+        leads. Raises FlotillaError when it was refused or failed."""
+        urls = [self.client_url(m) for m in reachable]
+        with Client(urls, timeout=ADMIN_TIMEOUT, token=self.token,
+                    ssl_context=self.ssl_context) as c:
+            return c.transfer_leader(member)
+
 
 #: The planner's steps that are a call to the members' admin API (the rest act on pods,
 #: volumes or processes, which is each adapter's own business).

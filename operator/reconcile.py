@@ -24,7 +24,17 @@ from typing import Any
 
 from flotilla.client import FlotillaError
 
-from . import archivejobs, certs, render, restorejob, tlsassets
+from . import (
+    archivejobs,
+    certs,
+    kstatus,
+    podstate,
+    render,
+    requests,
+    restorejob,
+    tlsassets,
+    volumes,
+)
 from .jobs import foreign
 from .kube import ApiError, Kube
 from .members import Members
@@ -76,12 +86,44 @@ class Outcome:
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
     plan: Plan | None = None
     step_error: str | None = None  # why the planned step failed, if it did
+    # A user's request was carried out (a snapshot, leadership moved): the cluster is worth
+    # a look again at once, as after a step.
+    requests_done: bool = False
     # Each running member's /v1/status this round, None where it did not answer (metrics.py).
     statuses: Mapping[str, MemberStatus | None] = field(default_factory=dict)
 
 
 def reconcile(kube: Kube, body: Mapping[str, Any], *, default_image: str,
               now: float | None = None) -> Outcome:
+    """One round; the status it returns also carries kstatus's Reconciling and Stalled. A
+    RaftCluster being deleted takes no step: it is only said to be Deleting."""
+    old = dict(body.get("status") or {})
+    if (body.get("metadata") or {}).get("deletionTimestamp"):
+        return Outcome(deleting_status(old, _generation(body)))
+    outcome = _reconcile(kube, body, default_image=default_image, now=now)
+    status = outcome.status
+    status["conditions"] = [*status["conditions"], *_conditions(
+        old, kstatus.conditions(status["phase"], status["conditions"]),
+        int(status.get("observedGeneration") or 0))]
+    return outcome
+
+
+def deleting_status(old: Mapping[str, Any], generation: int) -> dict[str, Any]:
+    """The status of a RaftCluster whose deletion waits for the finalizer (the final
+    snapshot): phase Deleting, not Ready, Reconciling; the other conditions as they were."""
+    message = ("the RaftCluster is being deleted: with an archive the final snapshot is "
+               "taken first, then the members and their objects go (the volumes stay)")
+    wanted = {"Ready": (False, "Deleting", message), "Progressing": (True, "Deleting", message),
+              "Reconciling": (True, "Deleting", message),
+              "Stalled": (False, "Deleting", "nothing needs the user")}
+    kept = [c for c in old.get("conditions") or [] if c.get("type") not in wanted]
+    return {"phase": "Deleting", "observedGeneration": generation,
+            "lastAction": "deleting: the final snapshot, then the owned objects",
+            "conditions": [*_conditions(old, wanted, generation), *kept]}
+
+
+def _reconcile(kube: Kube, body: Mapping[str, Any], *, default_image: str,
+               now: float | None = None) -> Outcome:
     now = time.time() if now is None else now
     old = dict(body.get("status") or {})
     try:
@@ -112,8 +154,8 @@ def reconcile(kube: Kube, body: Mapping[str, Any], *, default_image: str,
         return _blocked(spec, old, problem, events)
     size = int((sts or {}).get("spec", {}).get("replicas") or 0)
     pods = {p["metadata"]["name"]: p for p in kube.list("Pod", spec.namespace, spec.selector)}
-    pvcs = {p["metadata"]["name"] for p in kube.list("PersistentVolumeClaim", spec.namespace,
-                                                     spec.selector)}
+    claims = kube.list("PersistentVolumeClaim", spec.namespace, spec.selector)
+    pvcs = {p["metadata"]["name"] for p in claims}
     highest = max([_ordinal(n) + 1 for n in [*pods, *(v[5:] for v in pvcs)]] or [0])
     names = spec.member_names(max(spec.replicas, size, highest))
     tls = tlsassets.ensure(kube, spec, names, datetime.fromtimestamp(now, UTC))
@@ -167,11 +209,25 @@ def reconcile(kube: Kube, body: Mapping[str, Any], *, default_image: str,
         meta = obj["metadata"]
         current = sts if obj["kind"] == "StatefulSet" else kube.get(  # read once, above
             obj["kind"], meta["namespace"], meta["name"])
-        created = _ensure(kube, obj, current)
+        if obj["kind"] == "StatefulSet":  # its claim template is fixed: claims grow instead
+            obj = volumes.keep_claim_template(obj, current)
+        try:
+            created = _ensure(kube, obj, current)
+        except ApiError as exc:
+            if exc.status not in (400, 422):
+                raise
+            return _blocked(spec, old, tlsassets.Problem("Rejected", (
+                f"the API server refused {obj['kind']} {meta['name']} as rendered from the "
+                f"spec: {exc}; fix the field it names (spec.pod and spec.resources reach the "
+                "pod template as they are)")), events)
         if created:
             events.append(("Normal", "Created", f"{obj['kind']} {obj['metadata']['name']}"))
     archive_jobs, job_events = _archive_jobs(kube, spec, old)
     events += job_events
+    member_claims = {_claim(n) for n in names[:max(size, target_size)]}
+    sizing = volumes.resize(kube, spec, [c for c in claims
+                                         if c["metadata"]["name"] in member_claims])
+    events += sizing.events
 
     # The step.
     step_error = None
@@ -186,11 +242,24 @@ def reconcile(kube: Kube, body: Mapping[str, Any], *, default_image: str,
                            f"{action.describe()}; failed, retried next round: {step_error}"))
         else:
             events.append(("Normal", REASONS[action.step], action.describe()))
-    status = _status(spec, old, result, pods, voters, step_error, stage)
+    status = _status(spec, old, result, pods, voters, step_error, stage, sizing,
+                     names[:target_size])
     status["tls"] = _replacing(old.get("tls") or {}, tls.status)
+    # What a user asked for through annotations (a snapshot now, leadership to a voter), in a
+    # round that took no step on the members or their pods; otherwise the next round, which
+    # comes at once after a step.
+    asked = requests.pending(body, old)
+    if asked and action.step in (Step.WAIT, Step.DONE, Step.RESIZE):
+        entries, asked_events = requests.carry_out(asked, members, running, lead,
+                                                   _rfc3339(now))
+        events += asked_events
+        recorded = old.get("requests") or {}
+        status["requests"] = {kind: _replacing(recorded.get(kind) or {}, entry)
+                              for kind, entry in entries.items()}
     if archive_jobs is not None:
         status["archiveJobs"] = archive_jobs
-    return Outcome(status, events, result, step_error, statuses)
+    return Outcome(status, events, result, step_error, requests_done="requests" in status,
+                   statuses=statuses)
 
 
 def operator_peer() -> dict[str, Any] | None:
@@ -237,13 +306,16 @@ def _no_network_policy(kube: Kube, spec: ClusterSpec) -> list[tuple[str, str, st
 
 def _blocked(spec: ClusterSpec, old: Mapping[str, Any], problem: tlsassets.Problem,
              events: list[tuple[str, str, str]]) -> Outcome:
-    """A Secret the members need is missing or unusable: nothing is created or changed
+    """A Secret the members need is missing or unusable, or the API server refused an
+    object rendered from the spec (reason Rejected): nothing more is created or changed
     until it is fixed; Ready says why, one Warning too."""
     status: dict[str, Any] = {"phase": "Invalid", "observedGeneration": spec.generation,
                               "lastAction": f"nothing: {problem.message}"}
     status["conditions"] = _conditions(old, {
         "Ready": (False, problem.reason, problem.message),
-        "Progressing": (False, problem.reason, "fix the Secret; nothing is changed meanwhile"),
+        "Progressing": (False, problem.reason, "fix the Secret; nothing is changed meanwhile"
+                        if problem.reason != "Rejected" else
+                        "fix the spec; nothing more is changed meanwhile"),
     }, spec.generation)
     return Outcome(status, [*events, ("Warning", problem.reason, problem.message)])
 
@@ -252,6 +324,7 @@ def finalize(kube: Kube, body: Mapping[str, Any], *, default_image: str) -> str:
     """Before a RaftCluster goes: its final snapshot, when it has an archive and asks for one.
     Returns what happened, in words. The owned objects go with it (owner references); the
     volumes stay, as StatefulSet volumes do: delete the PVCs to delete the data."""
+    _say_deleting(kube, body)
     try:
         spec = ClusterSpec.from_body(body, default_image=default_image)
     except SpecError as exc:
@@ -267,6 +340,18 @@ def finalize(kube: Kube, body: Mapping[str, Any], *, default_image: str) -> str:
                       if trust is not None else None)
     doc = members.snapshot(running)
     return f"final snapshot at index {doc['index']} shipped to {doc.get('location')}"
+
+
+def _say_deleting(kube: Kube, body: Mapping[str, Any]) -> None:
+    """Phase Deleting in the status while the finalizer runs. Best effort: the deletion must
+    go on even where the status cannot be written."""
+    meta = body.get("metadata") or {}
+    status = deleting_status(dict(body.get("status") or {}), _generation(body))
+    try:
+        kube.patch("RaftCluster", str(meta.get("namespace") or "default"), str(meta.get("name")),
+                   {"status": status}, "status")
+    except (ApiError, OSError) as exc:
+        log.warning("could not mark %s Deleting: %s", meta.get("name"), exc)
 
 
 # --- the point-in-time restore stage ---------------------------------------------------------
@@ -526,8 +611,12 @@ def _rfc3339(epoch: float) -> str:
 
 def _status(spec: ClusterSpec, old: Mapping[str, Any], result: Plan,
             pods: Mapping[str, Any], voters: list[str],
-            step_error: str | None, stage: Stage | None = None) -> dict[str, Any]:
-    """`stage`: the restore stage, when it ended this round (else what status recorded)."""
+            step_error: str | None, stage: Stage | None = None,
+            sizing: volumes.Sizing | None = None,
+            slots: list[str] | None = None) -> dict[str, Any]:
+    """`stage`: the restore stage, when it ended this round (else what status recorded).
+    `sizing`: the member volumes against spec.storage.size. `slots`: the pods the
+    StatefulSet runs, whose start a bootstrap waits for (phase Pending until a quorum runs)."""
     lead = result.leader_status
     record = result.record
     config = lead.config if lead is not None else Configuration()
@@ -590,6 +679,13 @@ def _status(spec: ClusterSpec, old: Mapping[str, Any], result: Plan,
         wanted["Archiving"] = (lead is not None and not error, "ArchiveError" if error else (
             "Shipping" if lead is not None else "NoLeader"), error or f"archived up to index "
             f"{archive.last_archived_index or 0} of {commit}")
+    waiting = _pending(result, pods, slots or [])
+    if waiting is not None:
+        status["phase"] = "Pending"
+        wanted["Ready"] = (False, "PodsPending", waiting)
+        wanted["Progressing"] = (True, "PodsPending", waiting)
+    if sizing is not None and sizing.condition is not None:
+        wanted[volumes.CONDITION] = sizing.condition
     if spec.restored_cluster_id is not None:
         status["restore"] = _restore_record(spec, stage, old)
         restored = _condition(old, "Restored")
@@ -597,6 +693,20 @@ def _status(spec: ClusterSpec, old: Mapping[str, Any], result: Plan,
                               else str(restored.get("message") or "the snapshot Job succeeded"))
     status["conditions"] = _conditions(old, wanted, generation)
     return status
+
+
+def _pending(result: Plan, pods: Mapping[str, Any], slots: list[str]) -> str | None:
+    """Before the first leader, while fewer than a quorum of the first members' pods run:
+    why they do not (not created, not scheduled, an image not pulled...), in words; else
+    None."""
+    if result.record.bootstrapped or result.phase != "Bootstrapping" or not slots:
+        return None
+    waiting = {name: podstate.why_not_running(pods.get(name)) for name in slots}
+    waiting = {name: why for name, why in waiting.items() if why is not None}
+    if len(slots) - len(waiting) >= ClusterSpec.quorum(len(slots)):
+        return None
+    return "waiting for the members' pods to run: " + "; ".join(
+        f"{name} {why}" for name, why in waiting.items())
 
 
 def _conditions(old: Mapping[str, Any], wanted: Mapping[str, tuple[bool, str, str]],

@@ -127,7 +127,7 @@ def statefulset(
             "updateStrategy": {"type": "OnDelete"},
             "selector": {"matchLabels": spec.selector_labels},
             "template": {
-                "metadata": {"labels": spec.labels},
+                "metadata": pod_metadata(spec, spec.labels),
                 "spec": pod_spec(spec, bootstrap_members, bootstrapped),
             },
             "volumeClaimTemplates": [_volume_claim(spec)],
@@ -135,15 +135,25 @@ def statefulset(
     }
 
 
+def pod_metadata(spec: ClusterSpec, labels: dict[str, str]) -> Manifest:
+    """A pod template's metadata: spec.pod.metadata's labels beside the operator's own (which
+    it cannot name, spec.py checks), and its annotations."""
+    metadata: Manifest = {"labels": {**spec.pod.labels, **labels}}
+    if spec.pod.annotations:
+        metadata["annotations"] = dict(spec.pod.annotations)
+    return metadata
+
+
 def pod_spec(spec: ClusterSpec, bootstrap_members: Sequence[str], bootstrapped: bool) -> Manifest:
     """The member pod: one non-root container (and with TLS an init container that hands it
-    its own certificate); it needs neither the API nor service links."""
+    its own certificate); it needs neither the API nor service links. spec.pod says where it
+    runs: by default spread over zones and nodes, as a preference."""
     pod: Manifest = {
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,  # NAME_PORT-style variables would crowd the FLOTILLA_* env
         "terminationGracePeriodSeconds": 30,
         "securityContext": _pod_security(),
-        "affinity": _spread_over_nodes(spec),
+        **spec.pod.member_pod(spec.selector_labels),
         "containers": [_container(spec, node_env(spec, bootstrap_members, bootstrapped))],
     }
     volumes = []
@@ -442,12 +452,13 @@ def _pipeline_job_spec(spec: ClusterSpec, container_name: str, command: list[str
              "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
         ]},
         "template": {
-            "metadata": {"labels": labels},
+            "metadata": pod_metadata(spec, labels),
             "spec": {
                 "restartPolicy": "Never",  # the Job retries; podFailurePolicy needs Never
                 "automountServiceAccountToken": False,
                 "enableServiceLinks": False,
                 "securityContext": _pod_security(),
+                **spec.pod.placement(),
                 "containers": [container],
                 "volumes": [{"name": SCRATCH_VOLUME, "emptyDir": {}},
                             *signing_key_volumes(spec)],
@@ -654,22 +665,6 @@ def _volume_claim(spec: ClusterSpec) -> Manifest:
     if spec.storage.storage_class_name is not None:
         claim_spec["storageClassName"] = spec.storage.storage_class_name
     return {"metadata": {"name": VOLUME, "labels": spec.labels}, "spec": claim_spec}
-
-
-def _spread_over_nodes(spec: ClusterSpec) -> Manifest:
-    """Prefer one member per node, so that losing a node costs one vote (a preference: a
-    one-node test cluster still schedules every member)."""
-    return {
-        "podAntiAffinity": {
-            "preferredDuringSchedulingIgnoredDuringExecution": [{
-                "weight": 100,
-                "podAffinityTerm": {
-                    "topologyKey": "kubernetes.io/hostname",
-                    "labelSelector": {"matchLabels": spec.selector_labels},
-                },
-            }],
-        },
-    }
 
 
 def _service_port(name: str, port: int) -> Manifest:

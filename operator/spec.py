@@ -22,6 +22,9 @@ from typing import Any
 
 from flotilla.node.archive.timeindex import format_ms, parse_time
 
+from . import podoptions
+from .podoptions import PodOptions
+
 GROUP = "flotilla.dev"
 VERSION = "v1alpha1"
 KIND = "RaftCluster"
@@ -299,6 +302,7 @@ class ClusterSpec:
     tls: Tls = field(default_factory=Tls)
     network: Network = field(default_factory=Network)
     state_machine: StateMachine | None = None  # None: the built-in key-value machine
+    pod: PodOptions = field(default_factory=PodOptions)  # spec.pod: where and how pods run
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any], default_image: str = DEFAULT_IMAGE) -> ClusterSpec:
@@ -320,6 +324,10 @@ class ClusterSpec:
                               status if isinstance(status, Mapping) else {})
         machine = (_state_machine(spec.section("stateMachine"))
                    if spec.present("stateMachine") else None)
+        try:
+            pod = podoptions.parse(spec.values.get("pod"), spec.where("pod"))
+        except podoptions.PodOptionError as exc:
+            raise SpecError(str(exc)) from None
         return cls(
             name=name,
             namespace=namespace,
@@ -344,6 +352,7 @@ class ClusterSpec:
             tls=tls,
             network=_network(spec.section("network")),
             state_machine=machine,
+            pod=pod,
         )
 
     # --- names every owned object and member derives from ------------------------------------

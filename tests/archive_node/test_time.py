@@ -1,4 +1,4 @@
-"""Every entry carries the wall-clock time at which its leader appended it (CONTRACT.md), read
+"""Every entry carries the wall-clock time at which its leader appended it (docs/contract.md), read
 back from the archive of a real 3-member cluster: client writes are stamped within the time the
 test spent writing them, times never decrease along the log (across a leadership transfer too),
 and the manifest's time ranges and snapshot times agree with the entries."""

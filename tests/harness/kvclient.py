@@ -2,8 +2,8 @@
 
 Process-level tests talk to real ``flotilla node`` processes through this module. It uses only
 the standard library (``http.client``) so that a test can be read without knowing an async
-framework, and so that what it sends is exactly what a curl user would send (CONTRACT.md,
-"Client API").
+framework, and so that what it sends is exactly what a curl user would send (docs/contract.md,
+"The client API").
 
 ``KVClient`` keeps one keep-alive connection to one member. It is not thread-safe: give each
 thread its own clients (``Workload`` does). A request that fails at the transport level raises

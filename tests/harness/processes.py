@@ -1,7 +1,7 @@
 """Real ``flotilla node`` processes on loopback, for process-level fault tests.
 
-``NodeProcess`` is one member: the command line of the contract (CONTRACT.md, "The node
-process"), its output in ``<data dir's parent>/<name>.log``, and the signals a fault test needs
+``NodeProcess`` is one member: the command line of the contract (docs/contract.md, "A
+member"), its output in ``<data dir's parent>/<name>.log``, and the signals a fault test needs
 (SIGKILL, SIGSTOP/SIGCONT, SIGTERM with the exit code). ``LocalCluster`` starts N of them with
 ports from ``tests.harness.ports`` and, with ``proxied=True``, sends every ordered pair's peer
 traffic through its own ``FaultProxy`` (a ``tests.harness.faultproxy.ProxyNet``) so that tests

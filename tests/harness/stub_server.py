@@ -1,9 +1,9 @@
 """A stand-in for one member's client API, for the harness's own tests.
 
-It speaks the shapes of CONTRACT.md ("Client API", ``/v1/status``, ``POST /v1/members``) from
-one in-memory dict behind a lock, so it is trivially linearizable, and it has knobs to
-misbehave the ways a test needs: canned answers, slow answers, closing idle connections, and
-acknowledging writes it then forgets. Standard library only.
+It speaks the shapes of docs/contract.md ("The client API", ``/v1/status``,
+``POST /v1/members``) from one in-memory dict behind a lock, so it is trivially linearizable,
+and it has knobs to misbehave the ways a test needs: canned answers, slow answers, closing idle
+connections, and acknowledging writes it then forgets. Standard library only.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The stub is linearizable by construction, so a workload run against it must check out; a stub
 that acknowledges writes and forgets them must not. In between, the client's contract: the
-request shapes of CONTRACT.md, keep-alive, and which answers become ok, fail or unknown.
+request shapes of docs/contract.md, keep-alive, and which answers become ok, fail or unknown.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Bad input on the client and admin API of a real 3-member cluster (CONTRACT.md: "a bad request
-never harms the node or its data").
+"""Bad input on the client and admin API of a real 3-member cluster (docs/contract.md: "a bad
+request never harms a member or its data").
 
 Every bad request must be answered with the contract's JSON error (status, a code word and a
 sentence that says what is wrong), and afterwards the cluster must still serve (a put and a

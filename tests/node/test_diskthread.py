@@ -5,7 +5,6 @@ import asyncio
 import threading
 
 import pytest
-
 from flotilla.node.diskthread import DiskThread
 
 

@@ -13,3 +13,16 @@ def fresh_secrets_memory():
     tlsassets.forget()
     yield
     tlsassets.forget()
+
+
+@pytest.fixture
+def kmock_api():
+    """A kmock API server of its own (kmock answers more slowly as it holds more objects) for
+    a test that reconciles in this process against it, and a Kube client of it."""
+    from tests.operator.kubelet import Kmock
+
+    server = Kmock().start()
+    try:
+        yield server.api()
+    finally:
+        server.stop()

@@ -222,6 +222,9 @@ class Kmock:
                 kind="CustomResourceDefinition", namespaced=False, verbs=VERBS)
             k.resources["v1/namespaces"] = dict(kind="Namespace", namespaced=False,
                                                 verbs={"list", "watch", "get"})
+            # Read by the operator to see whether a claim's volume may grow.
+            k.resources["storage.k8s.io/v1/storageclasses"] = dict(
+                kind="StorageClass", namespaced=False, verbs=VERBS)
             self.emulator = k
             self.url = str(server.url).rstrip("/")
             self._ready.set()

@@ -266,7 +266,8 @@ def test_apply_scale_and_delete_a_raft_cluster(world):
     assert api.list("Pod", NS, "app.kubernetes.io/instance=another") == []
     assert status["selector"] == "app.kubernetes.io/name=flotilla,app.kubernetes.io/instance=demo"
     assert {c["type"]: c["status"] for c in status["conditions"]} == {
-        "Ready": "True", "Progressing": "False", "Degraded": "False", "Archiving": "True"}
+        "Ready": "True", "Progressing": "False", "Degraded": "False", "Archiving": "True",
+        "VolumesResized": "True", "Reconciling": "False", "Stalled": "False"}
     wait_for(lambda: get(api, "ConfigMap", "demo-bootstrap")["data"]["initial-cluster-state"]
              == "existing", 10, "empty volumes to start `existing` once bootstrapped")
     assert get(api, "StatefulSet")["spec"]["template"] == sts["spec"]["template"]

@@ -233,7 +233,9 @@ def test_the_job_comes_first_and_members_only_after_it_succeeded():
     assert status["phase"] == "Restoring" and status["bootstrapped"] is False
     assert conditions(status) == {"Ready": ("False", "Restoring"),
                                   "Progressing": ("True", "SnapshotJobRunning"),
-                                  "Restored": ("False", "SnapshotJobRunning")}
+                                  "Restored": ("False", "SnapshotJobRunning"),
+                                  "Reconciling": ("True", "Restoring"),
+                                  "Stalled": ("False", "Progressing")}
     assert status["restore"] == {"job": "demo-restore", "clusterId": PRODUCED}
 
     finish(kube, "Complete", 0, RESULT + "\n")
@@ -268,7 +270,10 @@ def test_a_target_outside_the_archive_stops_everything_and_is_said_once():
     assert status["phase"] == "RestoreFailed"
     assert conditions(status) == {"Ready": ("False", "RestoreTargetOutsideArchive"),
                                   "Progressing": ("False", "RestoreTargetOutsideArchive"),
-                                  "Restored": ("False", "RestoreTargetOutsideArchive")}
+                                  "Restored": ("False", "RestoreTargetOutsideArchive"),
+                                  # kstatus: Failed, until the user runs the Job again
+                                  "Reconciling": ("False", "Stalled"),
+                                  "Stalled": ("True", "RestoreTargetOutsideArchive")}
     ready = next(c for c in status["conditions"] if c["type"] == "Ready")
     assert "spec.bootstrap.restore.time is outside what the archive holds" in ready["message"]
     assert "(indexes 1..57)" in ready["message"]

@@ -228,10 +228,22 @@ def _example(name: str, kind: str = "RaftCluster") -> dict[str, Any]:
     return next(d for d in _documents(ROOT / "examples" / name) if d["kind"] == kind)
 
 
-def test_the_six_examples_exist() -> None:
+def test_the_seven_examples_exist() -> None:
     assert [p.name for p in EXAMPLES] == ["basic.yaml", "compaction-and-export.yaml",
-                                          "restore-point-in-time.yaml", "restore.yaml",
-                                          "s3-archive.yaml", "tls-cert-manager.yaml"]
+                                          "pod-placement.yaml", "restore-point-in-time.yaml",
+                                          "restore.yaml", "s3-archive.yaml",
+                                          "tls-cert-manager.yaml"]
+
+
+def test_the_pod_placement_example_reads_as_the_operator_reads_it(validator: CRDValidator
+                                                                  ) -> None:
+    spec = ClusterSpec.from_body(validator.admit(_example("pod-placement.yaml"))[0])
+    account = _example("pod-placement.yaml", kind="ServiceAccount")
+    assert spec.pod.service_account_name == account["metadata"]["name"]
+    assert spec.archive is not None and spec.archive.access_key_id is None  # the IAM role
+    assert spec.pod.image_pull_secrets == ("regcred",)
+    assert [c["whenUnsatisfiable"] for c in spec.pod.spread(spec.selector_labels)] == [
+        "DoNotSchedule", "ScheduleAnyway"]
 
 
 def test_the_cert_manager_example_reads_as_the_operator_reads_it(validator: CRDValidator
@@ -479,6 +491,39 @@ REFUSED_ON_CREATE = [
      ["spec.network.clientFrom", "must be of type array"]),
     ("network policy yes", {"network": {"policy": "yes"}},
      ["spec.network.policy", "must be of type boolean"]),
+    ("pod label the operator selects by", {"pod": {"metadata": {"labels": {
+        "team": "orders", "app.kubernetes.io/instance": "other"}}}},
+     ["spec.pod.metadata.labels", "must not set the labels the operator selects members by"]),
+    ("pod label value not a string", {"pod": {"metadata": {"labels": {"critical": True}}}},
+     ["spec.pod.metadata.labels.critical", "must be of type string"]),
+    ("pull secret without name", {"pod": {"imagePullSecrets": [{"secret": "regcred"}]}},
+     ["spec.pod.imagePullSecrets[0].name", "Required value"]),
+    ("service account not a name", {"pod": {"serviceAccountName": "Orders SA"}},
+     ["spec.pod.serviceAccountName", "should match"]),
+    ("toleration seconds without NoExecute", {"pod": {"tolerations": [
+        {"key": "k", "value": "v", "effect": "NoSchedule", "tolerationSeconds": 30}]}},
+     ["spec.pod.tolerations[0]", "tolerationSeconds goes with effect NoExecute"]),
+    ("toleration Exists with a value", {"pod": {"tolerations": [
+        {"key": "k", "operator": "Exists", "value": "v"}]}},
+     ["spec.pod.tolerations[0]", "operator Exists takes no value"]),
+    ("toleration without key nor Exists", {"pod": {"tolerations": [{"value": "v"}]}},
+     ["spec.pod.tolerations[0]", "without a key tolerates every taint"]),
+    ("toleration effect misspelt", {"pod": {"tolerations": [
+        {"key": "k", "operator": "Exists", "effect": "NoSchedul"}]}},
+     ["spec.pod.tolerations[0].effect", 'Unsupported value: "NoSchedul"']),
+    ("spread without topologyKey", {"pod": {"topologySpreadConstraints": [
+        {"maxSkew": 1, "whenUnsatisfiable": "DoNotSchedule"}]}},
+     ["spec.pod.topologySpreadConstraints[0].topologyKey", "Required value"]),
+    ("spread minDomains with ScheduleAnyway", {"pod": {"topologySpreadConstraints": [
+        {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+         "whenUnsatisfiable": "ScheduleAnyway", "minDomains": 3}]}},
+     ["spec.pod.topologySpreadConstraints[0]", "minDomains goes with whenUnsatisfiable"]),
+    ("node affinity weight 0", {"pod": {"affinity": {"nodeAffinity": {
+        "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 0, "preference": {}}]}}}},
+     ["preferredDuringSchedulingIgnoredDuringExecution[0].weight",
+      "greater than or equal to 1"]),
+    ("pod option misspelt", {"pod": {"nodeSelectors": {"disk": "ssd"}}},
+     ['unknown field "spec.pod.nodeSelectors"']),
 ]
 
 
@@ -497,10 +542,6 @@ def test_create_is_refused_with_a_message_that_names_the_problem(
 
 # (case, spec at creation, spec of the update, fragments of one error message)
 REFUSED_ON_UPDATE = [
-    ("storage.size changed", {"storage": {"size": "1Gi"}}, {"storage": {"size": "2Gi"}},
-     ["spec.storage.size", "cannot be changed"]),
-    ("storage.size default made explicit and changed", {}, {"storage": {"size": "5Gi"}},
-     ["spec.storage.size", "cannot be changed"]),
     ("storageClassName changed", {"storage": {"storageClassName": "fast"}},
      {"storage": {"storageClassName": "slow"}},
      ["spec.storage.storageClassName", "cannot be changed"]),
@@ -554,6 +595,25 @@ ALLOWED_UPDATES = [
     ("replicas 3 to 5", {"replicas": 3}, {"replicas": 5}),
     ("replicas 5 to 1", {"replicas": 5}, {"replicas": 1}),
     ("storage.size default written out", {}, {"storage": {"size": "1Gi"}}),
+    ("storage.size grown", {"storage": {"size": "1Gi"}}, {"storage": {"size": "20Gi"}}),
+    # The operator refuses to shrink a volume, but the spec may go back to the volumes' size
+    # after a growth their StorageClass could not make.
+    ("storage.size set back", {"storage": {"size": "2Gi"}}, {"storage": {"size": "1Gi"}}),
+    ("pod options added, then changed", {},
+     {"pod": {"metadata": {"labels": {"team": "orders"},
+                           "annotations": {"sidecar.istio.io/inject": "false"}},
+              "imagePullSecrets": [{"name": "regcred"}], "serviceAccountName": "orders-s3",
+              "priorityClassName": "raft-critical", "nodeSelector": {"disk": "ssd"},
+              "tolerations": [{"key": "dedicated", "value": "raft", "effect": "NoSchedule"},
+                              {"operator": "Exists", "effect": "NoExecute",
+                               "tolerationSeconds": 60}],
+              "affinity": {"podAntiAffinity": {
+                  "requiredDuringSchedulingIgnoredDuringExecution": [{
+                      "topologyKey": "kubernetes.io/hostname", "labelSelector": {
+                          "matchLabels": {"app.kubernetes.io/instance": "orders"}}}]}},
+              "topologySpreadConstraints": [{"maxSkew": 1, "whenUnsatisfiable": "DoNotSchedule",
+                                             "topologyKey": "topology.kubernetes.io/zone",
+                                             "minDomains": 3}]}}),
     ("removedVolumePolicy changed", {}, {"storage": {"removedVolumePolicy": "Retain"}}),
     ("timing, image, snapshot, archive changed", {},
      {"timing": {"electionTimeoutMs": 3000, "heartbeatMs": 300}, "image": "flotilla:0.2",

@@ -220,7 +220,8 @@ def test_every_console_script_is_on_path():
     install = " ".join(r.args for r in stage.all("RUN"))
     assert 'python -m venv --without-pip "$VIRTUAL_ENV"' in install
     assert '--python "$VIRTUAL_ENV/bin/python"' in install
-    assert set(PYPROJECT["project"]["scripts"]) == {"flotilla"}  # this test names them all
+    # this test names them all: the command and the kubectl plugin
+    assert set(PYPROJECT["project"]["scripts"]) == {"flotilla", "kubectl-flotilla"}
 
 
 def test_no_build_tools_in_the_final_stage():

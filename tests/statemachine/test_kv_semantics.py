@@ -1,4 +1,4 @@
-"""The key-value machine's commands and reads, as CONTRACT.md's client API needs them."""
+"""The key-value machine's commands and reads, as docs/contract.md's client API needs them."""
 
 from __future__ import annotations
 

@@ -54,6 +54,35 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
 {{/*
+Labels of the operator's pod: the chart's, then podLabels, which may not change the chart's own
+(the Deployment selects on them, and every RaftCluster's NetworkPolicy admits the operator by
+them).
+*/}}
+{{- define "flotilla.podLabels" -}}
+{{- $own := include "flotilla.labels" . | fromYaml }}
+{{- range $key, $value := .Values.podLabels }}
+{{- if hasKey $own $key }}
+{{- fail (printf "podLabels: %q is one of the chart's own labels (the Deployment selects the operator's pod by them); choose another key" $key) }}
+{{- end }}
+{{- end }}
+{{- include "flotilla.labels" . }}
+{{- with .Values.podLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+The operator's metrics port, checked against the liveness port; 0 when metrics are off.
+*/}}
+{{- define "flotilla.metricsPort" -}}
+{{- $port := int .Values.operator.metricsPort }}
+{{- if and $port (eq $port (int .Values.operator.livenessPort)) }}
+{{- fail (printf "operator.metricsPort and operator.livenessPort are both %d: give the metrics endpoint a port of its own (or 0 to turn it off)" $port) }}
+{{- end }}
+{{- $port }}
+{{- end }}
+
+{{/*
 The operator's ServiceAccount: the full name when the chart creates it, else the one given.
 */}}
 {{- define "flotilla.serviceAccountName" -}}
@@ -133,9 +162,10 @@ RaftCluster.
   verbs: ["list", "create", "patch", "delete"]
 # spec.storage.removedVolumePolicy: Delete removes the volume of a member taken out by a
 # scale-down, and a retained volume is deleted before its ordinal comes back (never rejoined).
+# A larger spec.storage.size is patched into each member's claim (the volume grows in place).
 - apiGroups: [""]
   resources: ["persistentvolumeclaims"]
-  verbs: ["get", "list", "watch", "delete"]
+  verbs: ["get", "list", "watch", "patch", "delete"]
 # Each cluster's bootstrap ConfigMap (NAME-bootstrap): how a member with an empty volume
 # starts, `new` until the cluster has served and `existing` after, outside the pod template.
 - apiGroups: [""]
@@ -190,4 +220,37 @@ with them from the operator's namespace to the members' client port.
 {{- $labels = append $labels (printf "%s=%s" (index $pair 0) (index $pair 1)) }}
 {{- end }}
 {{- join "," $labels }}
+{{- end }}
+
+{{/*
+Flotilla needs Kubernetes 1.29: the RaftCluster CRD validates with CEL rules (GA in 1.29). Not
+Chart.yaml's kubeVersion, which helm also checks against the version it assumes when it asks no
+cluster (`helm template`, `helm lint`), where it would refuse to render at all: on install and
+upgrade .Capabilities is the cluster's own version, and NOTES.txt shows this warning.
+*/}}
+{{- define "flotilla.kubeVersionWarning" -}}
+{{- if semverCompare "<1.29.0-0" .Capabilities.KubeVersion.Version }}
+WARNING: this cluster runs Kubernetes {{ .Capabilities.KubeVersion.Version }}, and Flotilla needs 1.29 or
+newer: the RaftCluster CRD validates with CEL rules (x-kubernetes-validations), GA in 1.29.
+Upgrade the cluster before creating RaftClusters.
+{{ end }}
+{{- end }}
+
+{{/*
+The namespaces whose pods a PodMonitor of members selects: those the operator watches when they
+are named, else every namespace.
+*/}}
+{{- define "flotilla.watchedNamespaceSelector" -}}
+{{- $named := true }}
+{{- range .Values.operator.watchNamespaces }}
+{{- if regexMatch "[*?]" . }}
+{{- $named = false }}
+{{- end }}
+{{- end }}
+{{- if and .Values.operator.watchNamespaces $named }}
+matchNames:
+  {{- toYaml .Values.operator.watchNamespaces | nindent 2 }}
+{{- else }}
+any: true
+{{- end }}
 {{- end }}
