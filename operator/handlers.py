@@ -151,7 +151,10 @@ async def run(body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped,
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(wake.wait(), timeout=waited)
     finally:
-        METRICS.forget(where)
+        if (body.get("metadata") or {}).get("deletionTimestamp"):  # kopf's live view
+            METRICS.deleting(where)  # until the finalizer is done
+        else:
+            METRICS.forget(where)
         if memo.wakers.get(where) is wake:
             del memo.wakers[where]
 
@@ -236,12 +239,19 @@ async def deleted(body: kopf.Body, logger: logging.Logger, retry: int, **_: Any)
                    "anyway: the archive holds what was shipped before")
         logger.warning(message)
         await asyncio.to_thread(_post, body, [("Warning", "FinalSnapshotFailed", message)])
+        METRICS.forget(_where(body))
         return
     finally:
         _locks.pop(body.get("metadata", {}).get("uid", ""), None)
         _warned.pop(body.get("metadata", {}).get("uid", ""), None)
+    METRICS.forget(_where(body))
     logger.info(what)
     await asyncio.to_thread(_post, body, [("Normal", "Deleting", what)])
+
+
+def _where(body: Mapping[str, Any]) -> tuple[str, str]:
+    meta = body.get("metadata") or {}
+    return str(meta.get("namespace")), str(meta.get("name"))
 
 
 def _finalize(body: Mapping[str, Any]) -> str:

@@ -118,6 +118,14 @@ class OperatorMetrics:
             self.duration.observe(seconds)
             self.errors += 1
 
+    def deleting(self, where: Where) -> None:
+        """The RaftCluster is being deleted: its finalizer runs (then `forget`)."""
+        with self._lock:
+            before = self._clusters.get(where)
+            if before is not None:
+                self._clusters[where] = ClusterHealth("Deleting", before.voters,
+                                                      before.unavailable, False)
+
     def forget(self, where: Where) -> None:
         """The cluster is gone (or no longer watched): its series go."""
         with self._lock:

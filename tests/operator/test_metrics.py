@@ -134,6 +134,10 @@ def test_rounds_steps_and_clusters_are_exported_and_a_deleted_cluster_leaves_no_
             if name == "flotilla_build_info"] == [__version__]
     assert any(name == "process_cpu_seconds_total" for name, _ in found)
 
+    metrics.deleting(WHERE)  # its finalizer runs
+    found = samples(metrics)
+    assert found[("flotilla_operator_clusters", (("phase", "Deleting"),))] == 1
+    assert found[("flotilla_operator_cluster_ready", cluster)] == 0
     metrics.forget(WHERE)
     found = samples(metrics)
     assert not [key for key in found if key[1] == cluster]
