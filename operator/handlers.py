@@ -124,7 +124,7 @@ async def run(body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped,
             try:
                 began = time.monotonic()
                 outcome = await asyncio.to_thread(_round, seen)
-                METRICS.round_done(where, time.monotonic() - began, outcome)
+                METRICS.round_done(where, time.monotonic() - began, outcome, uid)
                 logger.debug(f"round of {time.monotonic() - began:.2f}s: "
                              f"{outcome.status.get('lastAction')}")
                 await _tell(body, uid, outcome, logger)  # what was done, then where it stands
@@ -239,12 +239,12 @@ async def deleted(body: kopf.Body, logger: logging.Logger, retry: int, **_: Any)
                    "anyway: the archive holds what was shipped before")
         logger.warning(message)
         await asyncio.to_thread(_post, body, [("Warning", "FinalSnapshotFailed", message)])
-        METRICS.forget(_where(body))
+        METRICS.forget(_where(body), _key(body))
         return
     finally:
         _locks.pop(body.get("metadata", {}).get("uid", ""), None)
         _warned.pop(body.get("metadata", {}).get("uid", ""), None)
-    METRICS.forget(_where(body))
+    METRICS.forget(_where(body), _key(body))
     logger.info(what)
     await asyncio.to_thread(_post, body, [("Normal", "Deleting", what)])
 

@@ -98,12 +98,15 @@ class OperatorMetrics:
         self.steps = dict.fromkeys(STEPS, 0)
         self._lock = threading.Lock()
         self._clusters: dict[Where, ClusterHealth] = {}
+        # The uid of the RaftCluster whose finalizer is done, by place: a round of it that
+        # ends afterwards must not bring its series back.
+        self._gone: dict[Where, str] = {}
         self.registry.register(_ClusterCollector(self))
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
         GCCollector(registry=self.registry)
 
-    def round_done(self, where: Where, seconds: float, outcome: Outcome) -> None:
+    def round_done(self, where: Where, seconds: float, outcome: Outcome, uid: str = "") -> None:
         action = outcome.plan.action if outcome.plan is not None else None
         with self._lock:
             self.duration.observe(seconds)
@@ -111,6 +114,9 @@ class OperatorMetrics:
                 self.errors += 1
             elif action is not None and action.step.value in STEPS:
                 self.steps[action.step.value] += 1
+            if uid and self._gone.get(where) == uid:
+                return
+            self._gone.pop(where, None)  # a new RaftCluster of that name
             self._clusters[where] = health(outcome, self._clusters.get(where))
 
     def round_failed(self, where: Where, seconds: float) -> None:
@@ -126,10 +132,13 @@ class OperatorMetrics:
                 self._clusters[where] = ClusterHealth("Deleting", before.voters,
                                                       before.unavailable, False)
 
-    def forget(self, where: Where) -> None:
-        """The cluster is gone (or no longer watched): its series go."""
+    def forget(self, where: Where, uid: str = "") -> None:
+        """The cluster is no longer watched, or (`uid` given) its finalizer is done: its
+        series go, and a round of that RaftCluster still ending brings none back."""
         with self._lock:
             self._clusters.pop(where, None)
+            if uid:
+                self._gone[where] = uid
 
     def clusters(self) -> dict[Where, ClusterHealth]:
         with self._lock:

@@ -138,7 +138,13 @@ def test_rounds_steps_and_clusters_are_exported_and_a_deleted_cluster_leaves_no_
     found = samples(metrics)
     assert found[("flotilla_operator_clusters", (("phase", "Deleting"),))] == 1
     assert found[("flotilla_operator_cluster_ready", cluster)] == 0
-    metrics.forget(WHERE)
+    metrics.forget(WHERE, "uid-1")  # its finalizer is done
     found = samples(metrics)
     assert not [key for key in found if key[1] == cluster]
     assert found[("flotilla_operator_clusters", (("phase", "Scaling"),))] == 0
+    # A round of it that was still running ends: the deleted cluster does not come back...
+    metrics.round_done(WHERE, 0.1, round_of(healthy), "uid-1")
+    assert not [key for key in samples(metrics) if key[1] == cluster]
+    # ...but a new RaftCluster of the same name counts.
+    metrics.round_done(WHERE, 0.1, round_of(healthy), "uid-2")
+    assert samples(metrics)[("flotilla_operator_cluster_voters", cluster)] == 3
