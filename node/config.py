@@ -21,6 +21,8 @@ from flotilla.node.archive.urls import parse_archive_url
 from flotilla.node.snapshot_policy import SnapshotPolicy, parse_size
 from flotilla.node.statemachine.protocol import StateMachineLoadError, load_state_machine
 
+from flotilla.logs import LogSettingError, parse_format, parse_level
+
 DEFAULT_MAX_VALUE_BYTES = 1 << 20
 #: The shortest admin token a member accepts (etcd-grade secrets are 32 random bytes).
 MIN_TOKEN_BYTES = 16
@@ -74,6 +76,8 @@ class NodeConfig:
     max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES
     # The replicated state machine: `module:Class`, or `kv` for the built-in key-value machine.
     state_machine: str = "kv"
+    log_format: str = "text"  # or json: one object per line (flotilla/logs.py)
+    log_level: str = "info"
 
     @property
     def election_ticks(self) -> int:
@@ -139,6 +143,9 @@ FLAGS: list[tuple[str, dict]] = [
     ("--state-machine", {"help": "the replicated state machine, module:Class (importable: "
                                  "installed or on PYTHONPATH); default kv, the built-in "
                                  "key-value machine"}),
+    ("--log-format", {"help": "text (default) or json: logs on stderr, json as one object "
+                              "per line"}),
+    ("--log-level", {"help": "debug, info (default), warning or error"}),
 ]
 
 
@@ -221,6 +228,10 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> NodeConf
         restore_index = _positive_int(restore_index, "--restore-index", 1)
     restore_time = _restore_time(raw["restore_time"], raw["restore_from"], restore_index)
     state_machine = _state_machine(raw["state_machine"])
+    try:
+        log_format, log_level = parse_format(raw["log_format"]), parse_level(raw["log_level"])
+    except LogSettingError as exc:
+        raise UsageError(str(exc)) from None
     return NodeConfig(
         name=raw["name"],
         data_dir=raw["data_dir"],
@@ -255,6 +266,8 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> NodeConf
         max_value_bytes=_positive_int(raw["max_value_bytes"], "--max-value-bytes",
                                       DEFAULT_MAX_VALUE_BYTES),
         state_machine=state_machine,
+        log_format=log_format,
+        log_level=log_level,
     )
 
 

@@ -34,6 +34,7 @@ from . import tls
 from .alarms import NoSpace
 from .config import MEMBER_NAME, NAME_RULE
 from .machine_api import MachineAPI
+from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .node import Node, Overloaded, Refused, SnapshotRefused, Unavailable
 from .transport import (
     CLUSTER_HEADER,
@@ -65,6 +66,12 @@ MAX_URL_BYTES = 16384
 MAX_WHOLE = (1 << 63) - 1
 #: A refusal on the peer port is logged at most once per sender and reason in this many s.
 REFUSAL_LOG_INTERVAL = 30.0
+
+
+def _route(request: web.Request) -> str:
+    """The pattern of the route that took `request` (`/v1/kv/{key}`), "unmatched" for none."""
+    resource = request.match_info.route.resource
+    return resource.canonical if resource is not None else "unmatched"
 
 
 def error(status: int, code: str, sentence: str, **headers: str) -> web.Response:
@@ -458,6 +465,14 @@ class ClientAPI:
 
     @web.middleware
     async def _errors(self, request: web.Request, handler) -> web.StreamResponse:
+        """Every answer, timed by method, route pattern and status (a metric)."""
+        started = time.perf_counter()
+        response = await self._answer(request, handler)
+        self.node.metrics.request(request.method, _route(request), response.status,
+                                  time.perf_counter() - started)
+        return response
+
+    async def _answer(self, request: web.Request, handler) -> web.StreamResponse:
         declared = request.content_length
         if declared is not None and declared > self.node.cfg.max_value_bytes:
             return self._too_large(request, declared)  # before reading a byte of it
@@ -801,7 +816,8 @@ class ClientAPI:
         return web.json_response(doc)
 
     async def metrics(self, request: web.Request) -> web.Response:
-        return web.Response(text=self.node.render_metrics(), content_type="text/plain")
+        return web.Response(body=self.node.render_metrics(),
+                            headers={"Content-Type": METRICS_CONTENT_TYPE})
 
     async def healthz(self, request: web.Request) -> web.Response:
         if self.node.fatal is not None:

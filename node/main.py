@@ -25,6 +25,8 @@ from flotilla.node.archive import ArchiveError
 from flotilla.node.storage import StorageError
 from flotilla.node.storage.space import disk_full
 
+from flotilla import logs
+
 from . import config, restore, tls
 from .deadlines import DeadlineSite
 from .http_api import ClientAPI, peer_app
@@ -40,13 +42,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except config.UsageError as exc:
         print(f"flotilla node: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format=f"%(asctime)s {cfg.name} %(levelname)s %(name)s: %(message)s")
+    logs.configure(cfg.log_format, cfg.log_level, prefix=cfg.name, fields={"member": cfg.name})
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+    def fatal(message: str) -> None:
+        logs.fatal("flotilla node", message, cfg.log_format)
+
     try:
         contexts = tls.NodeContexts.from_config(cfg)
     except tls.TLSError as exc:
-        print(f"flotilla node: cannot use TLS: {exc}", file=sys.stderr)
+        fatal(f"cannot use TLS: {exc}")
         return EXIT_USAGE
     # Whatever the member creates (data dir, downloaded snapshots, a file:// archive) is
     # readable by its own user only; storage also gives its modes explicitly.
@@ -56,24 +61,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         node.open()
     except (StorageError, OSError) as exc:
         exc = disk_full(exc, cfg.data_dir) or exc
-        print(f"flotilla node: refusing to start: {exc}", file=sys.stderr)
+        fatal(f"refusing to start: {exc}")
         return EXIT_DATA
     except restore.OutsideArchive as exc:
-        print(f"flotilla node: cannot restore: {exc}", file=sys.stderr)
+        fatal(f"cannot restore: {exc}")
         return EXIT_OUTSIDE
     except ArchiveError as exc:
-        print(f"flotilla node: cannot restore from {cfg.restore_from}: {exc}", file=sys.stderr)
+        fatal(f"cannot restore from {cfg.restore_from}: {exc}")
         return EXIT_DATA
     try:
         loop_factory, loop_name = event_loop(os.environ.get("FLOTILLA_EVENT_LOOP", ""))
     except ValueError as exc:
-        print(f"flotilla node: {exc}", file=sys.stderr)
+        fatal(str(exc))
         return EXIT_USAGE
     try:
         with asyncio.Runner(loop_factory=loop_factory) as runner:
             return runner.run(_serve(node, loop_name))
     except ListenError as exc:
-        print(f"flotilla node: cannot listen: {exc}", file=sys.stderr)
+        fatal(f"cannot listen: {exc}")
         return EXIT_USAGE
 
 
@@ -148,7 +153,8 @@ async def _serve(node: Node, loop_name: str | None = None) -> int:
     for runner in runners:
         await runner.cleanup()
     if node.fatal is not None:
-        print(f"flotilla node: stopped after a fatal error: {node.fatal}", file=sys.stderr)
+        logs.fatal("flotilla node", f"stopped after a fatal error: {node.fatal}",
+                   cfg.log_format)
         return EXIT_DATA if isinstance(node.fatal, StorageError) else EXIT_FAILED
     return EXIT_OK
 

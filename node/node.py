@@ -21,11 +21,11 @@ from flotilla.node.consensus import Message, Role
 from flotilla.node.consensus.membership import caught_up
 from flotilla.node.storage import free_bytes, write_admission
 
-from . import bootstrap
+from . import bootstrap, tls
 from .alarms import SpaceAlarm
 from .archiver import NODE_ARCHIVE_SETTINGS, Archiver
 from .config import NodeConfig
-from .metrics import Metrics
+from .metrics import ArchiveFacts, Metrics, Scrape, member_registry, render
 from .runtime import Overloaded, Runtime, Unavailable
 from .snapshotting import SnapshotRefused, Snapshotter
 from .status import NO_ARCHIVE, ConfigView, MemberStatus, MemberView
@@ -52,6 +52,8 @@ class Node:
         self.tls = contexts if contexts is not None else NodeContexts()
         self.name = cfg.name
         self.metrics = Metrics()
+        self.metrics.certificate_expiry = certificate_expiry(cfg)
+        self.registry = member_registry(self.metrics, self.scrape)
         self.space = SpaceAlarm(cfg.data_dir, cfg.quota_free_bytes, self.metrics)
         # Set by `open` when no --admin-token was given: the file holding the generated one.
         self.admin_token_file: Path | None = None
@@ -372,9 +374,45 @@ class Node:
         """The newest snapshot file (verified when it was written or received), or None."""
         return self.snapshots.latest
 
-    def render_metrics(self) -> str:
+    def render_metrics(self) -> bytes:
+        """`GET /metrics`: the Prometheus text of this member's registry (metrics.py)."""
+        return render(self.registry)
+
+    def scrape(self) -> Scrape:
+        """The facts `/metrics` reports besides what the member counts as it works."""
+        runtime = self.runtime
+        core = runtime.core
+        status = core.status()
+        membership = status.membership
         transport = self.transport
-        core = self.runtime.core
-        return self.metrics.render(core.commit_index, self.role(), transport.dials,
-                                   transport.snapshot_bytes_streamed, self.archiver,
-                                   core.acks_beyond_sent, transport.sender_failures)
+        learner_lag = {name: max(0, status.last_index - status.progress[name].match)
+                       for name in membership.learners if name in status.progress}
+        archive = None
+        if self.archiver is not None:
+            archiver = self.archiver
+            archive = ArchiveFacts(
+                archiver.last_archived_index, archiver.last_snapshot_index,
+                dict(archiver.uploads), archiver.failures,
+                max(0, status.commit_index - archiver.last_archived_index)
+                if self.is_leader() else None)
+        return Scrape(
+            role=self.role(), commit_index=status.commit_index,
+            has_leader=core.knows_leader(), voters=len(membership.voters),
+            learners=len(membership.learners), pending_proposals=runtime.pending_proposals,
+            snapshot_bytes_sent=transport.snapshot_bytes_streamed,
+            acks_beyond_sent=status.acks_beyond_sent,
+            sender_restarts=transport.sender_failures, peer_dials=dict(transport.dials),
+            peer_rtt=dict(transport.round_trips), learner_lag=learner_lag, archive=archive)
+
+
+def certificate_expiry(cfg: NodeConfig) -> dict[str, float]:
+    """notAfter (seconds since the epoch) of the certificate each TLS port serves; the
+    member reads its certificates once, at start, so these are the ones in use."""
+    expiry = {}
+    for usage, path in (("client", cfg.cert_file), ("peer", cfg.peer_cert_file)):
+        if path:
+            try:
+                expiry[usage] = tls.expires(Path(path).read_bytes()).timestamp()
+            except (OSError, ValueError) as exc:
+                log.warning("cannot read the expiry of %s (%s); it is not exported", path, exc)
+    return expiry

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -34,6 +35,7 @@ from flotilla.node.consensus import (
     Membership,
     MembershipChangeInProgress,
     Message,
+    NotLeader,
     ProposalError,
     RaftCore,
     ReadState,
@@ -125,6 +127,7 @@ class Runtime:
         self._watches: list[tuple[Callable[[], bool], asyncio.Future]] = []
         self._wakeup = asyncio.Event()
         self._commit_notice: asyncio.TimerHandle | None = None
+        self._leader_seen: str | None = None  # the leader the last soft state named
         self._batch_entries = 0  # in the batch being carried out
         self.stopping = False
         # Set when the loop that owns the core died: the member must stop, not linger.
@@ -152,7 +155,14 @@ class Runtime:
         self._disk.stop()
         self._stop_waiting(Unavailable("the member is shutting down"))
 
+    @property
+    def pending_proposals(self) -> int:
+        """Writes this member took as leader that are not applied yet."""
+        return len(self._proposals)
+
     def _stop_waiting(self, exc: Exception) -> None:
+        self.metrics.proposals_failed += sum(1 for p in self._proposals.values()
+                                             if not p.future.done())
         waiting = [*self._reads.values(), *(p.future for p in self._proposals.values()),
                    *(fut for _, fut in self._waiters), *(fut for _, fut in self._watches)]
         for fut in waiting:
@@ -185,6 +195,22 @@ class Runtime:
 
     async def propose(self, command: bytes) -> Any:
         """Commit `command` through the log and return the state machine's result."""
+        try:
+            index = self._take(command)
+        except NotLeader:
+            raise  # not a failure: the HTTP layer forwards the write to the leader
+        except Exception:
+            self.metrics.proposals_failed += 1
+            raise
+        fut = asyncio.get_running_loop().create_future()
+        self._proposals[index] = _Proposal(self.core.term, fut, len(command))
+        self._pending_bytes += len(command)
+        self.metrics.proposals += 1
+        self._wakeup.set()
+        return await fut
+
+    def _take(self, command: bytes) -> int:
+        """Append `command` to the leader's log, or raise why not."""
         self.space.check()  # raises alarms.NoSpace while free space is below the quota
         if (len(self._proposals) >= MAX_PENDING_PROPOSALS
                 or self._pending_bytes + len(command) > MAX_PENDING_BYTES):
@@ -194,13 +220,7 @@ class Runtime:
                 "waiting for the disk or the followers; retry shortly")
         if self.stopping:
             raise Unavailable("the member is shutting down")
-        index = self.core.propose(command)  # raises NotLeader / TransferInProgress
-        fut = asyncio.get_running_loop().create_future()
-        self._proposals[index] = _Proposal(self.core.term, fut, len(command))
-        self._pending_bytes += len(command)
-        self.metrics.proposals += 1
-        self._wakeup.set()
-        return await fut
+        return self.core.propose(command)  # raises NotLeader / TransferInProgress
 
     async def change_membership(self, voters, learners, addresses=None, clients=None) -> int:
         """Propose a configuration and return its index once it is applied here."""
@@ -405,6 +425,7 @@ class Runtime:
             p = self._proposals.pop(index)
             self._pending_bytes -= p.size
             if not p.future.done():
+                self.metrics.proposals_failed += 1
                 p.future.set_exception(Unavailable("superseded by a snapshot; retry"))
 
     def persisted(self, entries: tuple[Entry, ...], append_s: float, sync_s: float) -> None:
@@ -413,8 +434,12 @@ class Runtime:
         self.space.wrote(size)
 
     def soft_state_changed(self, soft: SoftState) -> None:
-        self.metrics.term = soft.term
-        self.metrics.is_leader = soft.role is Role.LEADER
+        metrics = self.metrics
+        metrics.term = soft.term
+        metrics.is_leader = soft.role is Role.LEADER
+        if soft.leader is not None and soft.leader != self._leader_seen:
+            metrics.leader_changes += 1  # as etcd counts: a leader other than the last named
+        self._leader_seen = soft.leader
         # Proposals taken while leading stay pending after a step-down: a later leader may
         # still commit them, and they are answered when their index is applied.
         log.info("%s is %s in term %d (leader %s)", self.name, soft.role.label, soft.term,
@@ -423,6 +448,7 @@ class Runtime:
             self._retry_reads(older_than=0.0)  # reads asked of the old leader go to the new one
 
     def apply(self, entries: tuple[Entry, ...]) -> None:
+        started = time.perf_counter()
         sm = self.machine
         proposals = self._proposals
         for entry in entries:
@@ -443,9 +469,12 @@ class Runtime:
                 if waiting.term == entry.term:
                     waiting.future.set_result(result)
                 else:
+                    self.metrics.proposals_failed += 1
                     waiting.future.set_exception(
                         Unavailable("leadership changed before the write committed; retry"))
-        self.metrics.applied = self.applied
+        metrics = self.metrics
+        metrics.applied = self.applied
+        metrics.apply.observe(time.perf_counter() - started)
         if self.archiver is not None:
             self.archiver.committed(self.applied)
 

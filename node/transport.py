@@ -7,9 +7,10 @@ most of a write's latency. Each peer has one sender task: messages queue while i
 leave as one batch with its next frame, so a busy leader sends few, large frames (batching
 without a timer). The stream pings every `ping_interval` seconds and is dropped when no pong
 comes back, so a silently broken link (a partition that swallows bytes) is noticed and dialled
-again. Raft tolerates loss: a failed send drops its batch and tells the core the peer is
-unreachable; the core then probes again. Snapshots are not messages: their payload is streamed
-from the snapshot file in an HTTP request of its own.
+again; each ping carries the time it left, so its pong measures the round trip to that peer
+(`round_trips`, a metric) at no cost to the messages. Raft tolerates loss: a failed send drops
+its batch and tells the core the peer is unreachable; the core then probes again. Snapshots are
+not messages: their payload is streamed from the snapshot file in an HTTP request of its own.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+import struct
 from collections.abc import Callable
 from typing import BinaryIO
 
@@ -24,6 +26,7 @@ import aiohttp
 import msgpack
 from flotilla.node.consensus import Message, MessageType
 
+from .metrics import PEER_RTT_BUCKETS, Histogram
 from .wire import MAX_ENTRIES, MAX_MESSAGES, encode_batch
 
 log = logging.getLogger(__name__)
@@ -84,6 +87,7 @@ class PeerTransport:
         self.sender_failures = 0  # sender tasks restarted after a failure (a metric)
         self.dials: dict[str, int] = {}  # streams opened per peer (a metric)
         self.snapshot_bytes_streamed = 0  # snapshot payload sent to peers (a metric)
+        self.round_trips: dict[str, Histogram] = {}  # ping -> pong per peer (a metric)
         self._queues: dict[str, list[Message]] = {}
         self._queued_bytes: dict[str, int] = {}  # entry bytes waiting in each queue
         self._wakeups: dict[str, asyncio.Event] = {}
@@ -231,6 +235,7 @@ class PeerTransport:
                     url + STREAM_PATH, headers=self._headers(),
                     heartbeat=self.ping_interval, max_msg_size=PEER_BODY_LIMIT,
                     timeout=aiohttp.ClientWSTimeout(ws_close=1.0), autoclose=True, compress=0,
+                    autoping=False,  # `_watch` reads the pongs of `_probe`'s pings
                 )
         except aiohttp.WSServerHandshakeError as exc:
             log.warning("peer %s refused the stream: %s %s", peer, exc.status, exc.message)
@@ -244,19 +249,47 @@ class PeerTransport:
         return stream
 
     async def _watch(self, peer: str, stream: aiohttp.ClientWebSocketResponse) -> None:
-        """Read the stream's control frames (pongs, close) so a dead link is noticed."""
+        """Read the stream's control frames (pongs, close) so a dead link is noticed, and
+        time the pongs of `_probe`'s pings."""
+        loop = asyncio.get_running_loop()
+        pinged: list[bytes] = []  # the payload of the ping whose pong is awaited
+        probe = asyncio.create_task(self._probe(stream, pinged))
         try:
             async for msg in stream:
-                if msg.type is aiohttp.WSMsgType.ERROR:
+                if msg.type is aiohttp.WSMsgType.PONG:
+                    if pinged and msg.data == pinged[0]:  # ours, not a stray or forged one
+                        pinged.clear()
+                        rtt = loop.time() - struct.unpack("!d", msg.data)[0]
+                        histogram = self.round_trips.get(peer)
+                        if histogram is None:
+                            histogram = self.round_trips[peer] = Histogram(PEER_RTT_BUCKETS)
+                        histogram.observe(rtt)
+                elif msg.type is aiohttp.WSMsgType.PING:
+                    await stream.pong(msg.data)
+                elif msg.type is aiohttp.WSMsgType.ERROR:
                     break
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             log.debug("stream to %s failed: %s", peer, exc)
         finally:
+            probe.cancel()
             if not stream.closed:
                 await stream.close()
             if stream.close_code not in (None, aiohttp.WSCloseCode.OK,
                                          aiohttp.WSCloseCode.GOING_AWAY):
                 log.warning("stream to %s closed: code %s", peer, stream.close_code)
+
+    async def _probe(self, stream: aiohttp.ClientWebSocketResponse, pinged: list[bytes]) -> None:
+        """Ping every `ping_interval` seconds with the loop's time as the payload (the peer's
+        pong echoes it). These pongs also keep aiohttp's own heartbeat from pinging."""
+        loop = asyncio.get_running_loop()
+        try:
+            while not stream.closed:
+                payload = struct.pack("!d", loop.time())
+                pinged[:] = [payload]
+                await stream.ping(payload)
+                await asyncio.sleep(self.ping_interval)
+        except (aiohttp.ClientError, OSError, RuntimeError) as exc:
+            log.debug("pinging a peer stream failed: %s", exc)
 
     def _send_snapshot(self, m: Message) -> None:
         if m.to in self._snapshots_in_flight:

@@ -22,9 +22,13 @@ from collections.abc import Mapping
 from typing import Any
 
 import kopf
+import urllib3
+
+from flotilla.client import FlotillaError
 
 from . import pacing, requests
-from .kube import Kube
+from .kube import ApiError, Kube
+from .metrics import METRICS
 from .planner import Action
 from .reconcile import Outcome, finalize, reconcile
 from .spec import DEFAULT_IMAGE, GROUP, VERSION
@@ -120,6 +124,7 @@ async def run(body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped,
             try:
                 began = time.monotonic()
                 outcome = await asyncio.to_thread(_round, seen)
+                METRICS.round_done(where, time.monotonic() - began, outcome, uid)
                 logger.debug(f"round of {time.monotonic() - began:.2f}s: "
                              f"{outcome.status.get('lastAction')}")
                 await _tell(body, uid, outcome, logger)  # what was done, then where it stands
@@ -132,7 +137,8 @@ async def run(body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped,
                     written = pacing.merge(written, outcome.status)
                     written_at = time.monotonic()
             except Exception as exc:  # the next round plans again from what it observes
-                logger.exception(f"round failed, retried: {exc}")
+                METRICS.round_failed(where, time.monotonic() - began)
+                _round_failed(logger, exc)
                 waited = pacing.next_look(None, True, previous, waited, pace)
                 previous = None
             else:
@@ -145,8 +151,24 @@ async def run(body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped,
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(wake.wait(), timeout=waited)
     finally:
+        if (body.get("metadata") or {}).get("deletionTimestamp"):  # kopf's live view
+            METRICS.deleting(where)  # until the finalizer is done
+        else:
+            METRICS.forget(where)
         if memo.wakers.get(where) is wake:
             del memo.wakers[where]
+
+
+#: What a round can meet that is not a bug: the API server or a member refusing or not
+#: answering. Logged in one line; anything else is logged with its traceback.
+EXPECTED_FAILURES = (ApiError, FlotillaError, OSError, TimeoutError, urllib3.exceptions.HTTPError)
+
+
+def _round_failed(logger: logging.Logger, exc: Exception) -> None:
+    if isinstance(exc, EXPECTED_FAILURES):
+        logger.warning(f"round failed, retried: {exc}")
+    else:
+        logger.exception(f"round failed, retried: {exc}")
 
 
 def _changes(body: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -217,12 +239,19 @@ async def deleted(body: kopf.Body, logger: logging.Logger, retry: int, **_: Any)
                    "anyway: the archive holds what was shipped before")
         logger.warning(message)
         await asyncio.to_thread(_post, body, [("Warning", "FinalSnapshotFailed", message)])
+        METRICS.forget(_where(body), _key(body))
         return
     finally:
         _locks.pop(body.get("metadata", {}).get("uid", ""), None)
         _warned.pop(body.get("metadata", {}).get("uid", ""), None)
+    METRICS.forget(_where(body), _key(body))
     logger.info(what)
     await asyncio.to_thread(_post, body, [("Normal", "Deleting", what)])
+
+
+def _where(body: Mapping[str, Any]) -> tuple[str, str]:
+    meta = body.get("metadata") or {}
+    return str(meta.get("namespace")), str(meta.get("name"))
 
 
 def _finalize(body: Mapping[str, Any]) -> str:

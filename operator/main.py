@@ -4,8 +4,12 @@ It talks to the API server as kubectl would: the pod's service account in a clus
 the local kubeconfig (KUBECONFIG). One replica at a time (kopf standalone mode: the chart runs
 a single replica with the Recreate strategy).
 
+It serves its own metrics on `--metrics-port` (default 8081, plain HTTP, /metrics; 0: none)
+and logs on stderr as text or JSON (`--log-format`, `--log-level`; kopf's own records too).
+
 Exit codes: 0 after a clean stop; 1 when it cannot reach Kubernetes at all (no in-cluster
-service account and no usable kubeconfig), with one line saying what to do; 2 for bad flags.
+service account and no usable kubeconfig), with one line saying what to do; 2 for bad flags
+or a metrics port it cannot listen on.
 """
 
 from __future__ import annotations
@@ -18,7 +22,10 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
+from flotilla import logs
+
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+DEFAULT_METRICS_PORT = 8081
 
 
 def kubernetes_config_problem() -> str | None:
@@ -65,6 +72,27 @@ def _interval(text: str) -> float:
     return value
 
 
+def _port(text: str) -> int:
+    if not text.strip().isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number from 0 to 65535, not {text!r}")
+    return int(text)
+
+
+def _log_format(text: str) -> str:
+    try:
+        return logs.parse_format(text, "")
+    except logs.LogSettingError:
+        raise argparse.ArgumentTypeError(f"expected text or json, not {text!r}") from None
+
+
+def _log_level(text: str) -> str:
+    try:
+        return logs.parse_level(text, "")
+    except logs.LogSettingError:
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(logs.LEVELS)}, not "
+                                         f"{text!r}") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="flotilla operator",
@@ -90,7 +118,20 @@ def build_parser() -> argparse.ArgumentParser:
                         "FLOTILLA_OPERATOR_INTERVAL; default 30)")
     p.add_argument("--liveness", default=None, metavar="URL",
                    help="serve a liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
-    p.add_argument("--verbose", "-v", action="store_true", help="debug logging")
+    p.add_argument("--metrics-port", type=_port, metavar="PORT",
+                   default=os.environ.get("FLOTILLA_METRICS_PORT") or str(DEFAULT_METRICS_PORT),
+                   help="serve the operator's Prometheus metrics on this port, path /metrics, "
+                        f"plain HTTP (env FLOTILLA_METRICS_PORT; default {DEFAULT_METRICS_PORT};"
+                        " 0: none)")
+    p.add_argument("--log-format", type=_log_format, metavar="FORMAT",
+                   default=os.environ.get("FLOTILLA_LOG_FORMAT") or "text",
+                   help="text (default) or json: one object per line, kopf's records included "
+                        "(env FLOTILLA_LOG_FORMAT)")
+    p.add_argument("--log-level", type=_log_level, metavar="LEVEL",
+                   default=os.environ.get("FLOTILLA_LOG_LEVEL") or None,
+                   help="debug, info (default), warning or error (env FLOTILLA_LOG_LEVEL)")
+    p.add_argument("--verbose", "-v", action="store_true",
+                   help="debug logging: the same as --log-level debug")
     return p
 
 
@@ -107,17 +148,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ["FLOTILLA_OPERATOR_INTERVAL"] = str(args.interval)
     if args.default_image:
         os.environ["FLOTILLA_DEFAULT_IMAGE"] = args.default_image
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    level = args.log_level or ("debug" if args.verbose else "info")
+    logs.configure(args.log_format, level)
 
     problem = kubernetes_config_problem()
     if problem is not None:
-        print(f"flotilla operator: {problem}", file=sys.stderr)
+        logs.fatal("flotilla operator", problem, args.log_format)
         return EXIT_FAILED
 
     import kopf
 
     from . import handlers  # registers the handlers
+    from .metrics import METRICS
+
+    if args.metrics_port:
+        try:
+            METRICS.serve(args.metrics_port)
+        except OSError as exc:
+            logs.fatal("flotilla operator", f"cannot listen on port {args.metrics_port} "
+                       f"(--metrics-port): {os.strerror(exc.errno) if exc.errno else exc}; "
+                       "choose another port, or 0 for no metrics", args.log_format)
+            return EXIT_USAGE
+        logging.getLogger("flotilla.operator").info(
+            "serving metrics on port %d, path /metrics", args.metrics_port)
 
     handlers.STATIC_NAMESPACES = bool(args.namespace) and not any(
         set(ns) & set("*?[]!") for ns in args.namespace)

@@ -38,7 +38,7 @@ from . import (
 from .jobs import foreign
 from .kube import ApiError, Kube
 from .members import Members
-from .memberstatus import ArchiveState, Configuration, SnapshotState
+from .memberstatus import ArchiveState, Configuration, MemberStatus, SnapshotState
 from .planner import Action, CatchUp, Observed, Plan, Record, Slot, Step, plan
 from .restorejob import Move, Stage
 from .spec import ARCHIVE_JOBS, ClusterSpec, SpecError
@@ -89,6 +89,8 @@ class Outcome:
     # A user's request was carried out (a snapshot, leadership moved): the cluster is worth
     # a look again at once, as after a step.
     requests_done: bool = False
+    # Each running member's /v1/status this round, None where it did not answer (metrics.py).
+    statuses: Mapping[str, MemberStatus | None] = field(default_factory=dict)
 
 
 def reconcile(kube: Kube, body: Mapping[str, Any], *, default_image: str,
@@ -256,7 +258,8 @@ def _reconcile(kube: Kube, body: Mapping[str, Any], *, default_image: str,
                               for kind, entry in entries.items()}
     if archive_jobs is not None:
         status["archiveJobs"] = archive_jobs
-    return Outcome(status, events, result, step_error, requests_done="requests" in status)
+    return Outcome(status, events, result, step_error, requests_done="requests" in status,
+                   statuses=statuses)
 
 
 def operator_peer() -> dict[str, Any] | None:

@@ -139,6 +139,7 @@ class RaftCore:
         self.election_elapsed = 0
         self.heartbeat_elapsed = 0
         self.randomized_timeout = 0
+        self.ticks = 0  # ticks since the core was made: what `Progress.heard_at` counts in
         self.transfer_target: str | None = None
         self._reads: list[_PendingRead] = []  # leader: confirmed by a heartbeat round
         self._reads_waiting: list[tuple[Any, str]] = []  # leader: until its no-op commits
@@ -172,6 +173,7 @@ class RaftCore:
         return self.log.snapshot.index
 
     def tick(self) -> None:
+        self.ticks += 1
         if self.role is Role.LEADER:
             self._tick_leader()
             return
@@ -179,6 +181,21 @@ class RaftCore:
         if self.election_elapsed >= self.randomized_timeout and self._promotable():
             self.election_elapsed = 0
             self._campaign(pre=self.settings.pre_vote, force=False)
+
+    def knows_leader(self) -> bool:
+        """Whether this member counts a leader now (etcd's `has_leader`), judged by time: a
+        follower (or learner) that heard from its leader within an election timeout, or a
+        leader that heard from a quorum of voters within one. With PreVote a follower keeps
+        the name of a leader that died until it campaigns, up to two election timeouts later,
+        and a leader cut off from its quorum steps down at its next CheckQuorum; this answers
+        within one election timeout in both cases."""
+        timeout = self.settings.election_ticks
+        if self.role is not Role.LEADER:
+            return self.leader is not None and self.election_elapsed < timeout
+        now = self.ticks
+        heard = {name for name, pr in self.progress.items()
+                 if name == self.name or now - pr.heard_at < timeout}
+        return quorum.has_quorum(self.membership, heard)
 
     def campaign(self) -> None:
         """Start an election now (tests and operator tooling; normally ticks do this)."""
@@ -492,6 +509,7 @@ class RaftCore:
         if self.role is not Role.LEADER or pr is None:
             return
         pr.recent_active = True
+        pr.heard_at = self.ticks  # heartbeats go out every tick: no cost per write
         pr.probe_sent = False
         if pr.state is ProgressState.REPLICATE and len(pr.inflight) >= pr.max_inflight:
             # The follower is alive but the window is full: appends were probably lost. Free a
@@ -704,6 +722,7 @@ class RaftCore:
                     pr.next = self.log.last_index() + 1
                     pr.state = ProgressState.REPLICATE
                 pr.recent_active = True
+                pr.heard_at = self.ticks  # a quorum just elected this leader
             self.progress[name] = pr
 
     # --- admission of a member that starts empty ---------------------------------------------

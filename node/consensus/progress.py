@@ -25,6 +25,7 @@ class ProgressState(IntEnum):
 class Progress:
     __slots__ = (
         "commit_sent",
+        "heard_at",
         "inflight",
         "match",
         "max_inflight",
@@ -44,6 +45,8 @@ class Progress:
         self.pending_snapshot = 0
         self.probe_sent = False
         self.recent_active = False
+        # The core's tick count when the member last answered a heartbeat (see knows_leader).
+        self.heard_at = 0
         self.commit_sent = 0  # the commit index last sent to the member
         self.read_ack = 0  # highest read round this member has confirmed (ReadIndex)
         # The highest index this leader has sent the member (an append's last entry, a probe's

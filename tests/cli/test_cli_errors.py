@@ -5,6 +5,7 @@ cluster that never started, a stub member, or nothing at all stands in."""
 from __future__ import annotations
 
 import json
+import socket
 import time
 from pathlib import Path
 
@@ -79,6 +80,10 @@ def bad_usage() -> list:
         pytest.param(["operator"], {"FLOTILLA_OPERATOR_INTERVAL": "x"},
                      id="bad FLOTILLA_OPERATOR_INTERVAL"),
         pytest.param(["operator", "--no-such-flag"], {}, id="operator unknown flag"),
+        pytest.param(["operator", "--log-format", "xml"], {}, id="operator --log-format xml"),
+        pytest.param(["operator"], {"FLOTILLA_LOG_LEVEL": "loud"}, id="bad FLOTILLA_LOG_LEVEL"),
+        pytest.param(["operator", "--metrics-port", "70000"], {},
+                     id="operator --metrics-port 70000"),
     ]
     for command in TIMED:
         for value in ("0", "-1", "nan", "inf"):
@@ -117,6 +122,23 @@ def test_the_operator_without_any_kubernetes_says_what_to_do(tmp_path):
                                        "HOME": str(tmp_path), "KUBERNETES_SERVICE_HOST": ""})
     err = one_line_error(result, 1)
     assert "KUBECONFIG" in err and "inside a cluster" in err
+
+
+def test_the_operator_with_its_metrics_port_taken_says_so_and_exits_2(tmp_path):
+    kubeconfig = tmp_path / "kubeconfig"  # loadable; nothing is asked of it before the port
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": "http://127.0.0.1:1"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = flotilla("operator", "--metrics-port", str(port),
+                          env={"KUBECONFIG": str(kubeconfig), "KUBERNETES_SERVICE_HOST": ""})
+    err = one_line_error(result, 2)
+    assert f"cannot listen on port {port} (--metrics-port)" in err
 
 
 def test_version():

@@ -1315,6 +1315,35 @@ def test_a_leader_that_cannot_reach_a_majority_for_an_election_timeout_steps_dow
     assert E <= ticks <= 2 * E
 
 
+def test_a_member_counts_no_leader_once_it_has_heard_from_none_for_an_election_timeout():
+    """etcd's `has_leader`, judged by time (`RaftCore.knows_leader`, exported as
+    flotilla_server_has_leader). A follower counts its leader while it hears from it, and none
+    once an election timeout passes without a word, although with PreVote it keeps the
+    leader's name until it campaigns, up to two timeouts later. A leader counts itself while a
+    quorum answers its heartbeats, and none once an election timeout passes without a quorum,
+    before CheckQuorum (looked at once per timeout) steps it down."""
+    net = Network(ABC)
+    net.elect("a")
+    net.tick(times=3)
+    assert all(net.core(n).knows_leader() for n in ABC)
+    # The follower whose own timeout is the longer keeps the leader's name the longest.
+    b = max((net.core(n) for n in "bc"), key=lambda core: core.randomized_timeout)
+    assert b.randomized_timeout > E, "this seed no longer gives a timeout above the minimum"
+    a = net.core("a")
+
+    net.isolate("a")
+    net.tick("a", b.name, times=E - 1)
+    assert a.knows_leader() and b.knows_leader()
+
+    net.tick("a", b.name)
+    assert (a.role, a.leader) == (Role.LEADER, "a") and not a.knows_leader()
+    assert (b.role, b.leader) == (Role.FOLLOWER, "a") and not b.knows_leader()
+
+    net.heal()
+    net.tick("a", b.name)
+    assert a.knows_leader() and b.knows_leader()
+
+
 def test_with_prevote_a_partitioned_server_does_not_increase_its_term_and_rejoins_quietly():
     """Dissertation 9.6: "a candidate would first ask other servers whether its log was
     up-to-date enough to get their vote. Only if the candidate believed it could get votes from

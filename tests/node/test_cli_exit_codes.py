@@ -64,6 +64,10 @@ BASE = ["--listen-peer", "127.0.0.1:1", "--listen-client", "127.0.0.1:2"]
          "--admin-token must be at least 16 bytes long"),  # 7 characters, 14 bytes
         (["--name", "n1", "--data-dir", "/tmp/x", *BASE, "--admin-token", ""],
          "--admin-token must be at least 16 bytes long"),
+        (["--name", "n1", "--data-dir", "/tmp/x", *BASE, "--log-format", "xml"],
+         "--log-format must be text or json, not 'xml'"),
+        (["--name", "n1", "--data-dir", "/tmp/x", *BASE, "--log-level", "loud"],
+         "--log-level must be one of debug, info, warning, error, not 'loud'"),
     ],
 )
 def test_bad_flags_exit_2_with_one_line_reason(args, says):

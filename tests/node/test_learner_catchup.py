@@ -10,6 +10,7 @@ import urllib.request
 import pytest
 
 from tests.harness.fixtures import local_cluster  # noqa: F401 (a fixture)
+from tests.harness.polling import wait_for
 
 FAST = {"election_timeout_ms": 500, "heartbeat_ms": 50}
 
@@ -58,7 +59,11 @@ def test_a_new_learner_catches_up_behind_a_compacted_log(local_cluster, tmp_path
     learner = cluster.add_member("n3")
     caught_up(cluster, "n3", leader)
 
-    after = metrics(cluster.nodes[leader])
+    # The leader's view of the learner: how far behind its log it is, down to nothing.
+    after = wait_for(lambda: (m := metrics(cluster.nodes[leader]))[
+        'flotilla_server_learner_lag_entries{learner="n3"}'] == 0 and m, 10,
+        "the leader to see the learner's lag reach 0")
+    assert after["flotilla_server_learners"] == 1
     mine = metrics(learner)
     streamed = after["flotilla_snapshots_sent_total"] - before["flotilla_snapshots_sent_total"]
     referred = (after["flotilla_snapshot_references_sent_total"]

@@ -703,13 +703,15 @@ def start_operator(server: Kmock, kubelet: Kubelet, root: Path, log: Any, *flags
                    env: dict[str, str] | None = None) -> subprocess.Popen:
     """`flotilla operator` against `server`, watching every namespace, resolving members'
     names through the kubelet's cluster DNS, its output to `log`; `env` adds to its
-    environment (the runner's own FLOTILLA_ settings are left out)."""
+    environment (the runner's own FLOTILLA_ settings are left out). It serves no metrics
+    unless `flags` give a --metrics-port: its default port is not this test's to take."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("FLOTILLA_")}
     base.update({"KUBECONFIG": str(server.kubeconfig(root / "kubeconfig")),
                  "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO), **(env or {})})
     return subprocess.Popen(
         clusterdns.command(kubelet.dns_file, "flotilla", "operator", "--all-namespaces",
-                           "--default-image", "flotilla:test", *flags),
+                           "--default-image", "flotilla:test", "--metrics-port", "0",
+                           *flags),
         env=base, stdout=log, stderr=subprocess.STDOUT)
 
 

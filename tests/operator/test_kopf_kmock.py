@@ -24,6 +24,7 @@ import socket
 import ssl
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from datetime import UTC
 from pathlib import Path
@@ -35,9 +36,12 @@ from flotilla.node.archive import format_ms, parse_time
 from flotilla.node.tls import Issued, issue, make_ca
 from flotilla.operator import certs
 from flotilla.operator.spec import ClusterSpec
+from prometheus_client.parser import text_string_to_metric_families
 
 from flotilla.client import Client, FlotillaError
+from tests.harness import ports
 from tests.harness.polling import wait_for
+from tests.harness.promtool import check_metrics
 from tests.operator import clusterdns
 from tests.operator.kubelet import Kmock, Kubelet, start_operator, stop_operator
 from tests.packaging.crdschema import CRDValidator, load_crd
@@ -50,16 +54,21 @@ OPERATOR_NS = "flotilla-system"
 @pytest.fixture
 def world(request, tmp_path: Path):
     """kmock, the stand-in kubelet and the operator; `world` parametrized indirectly with a
-    dict adds to the operator's environment (its "--interval" key is the operator's flag)."""
+    dict adds to the operator's environment (its keys that start with "--" are the operator's
+    flags; "--metrics-port": "free" takes a free port)."""
     param = dict(getattr(request, "param", {}))
     interval = param.pop("--interval", "0.5")
+    flags = [str(item) for flag in [k for k in param if k.startswith("--")]
+             for item in (flag, param.pop(flag))]
+    if "free" in flags:
+        flags[flags.index("free")] = str(ports.allocate_ports(1)[0])
     server = Kmock().start()
     api = server.api()
     kubelet = Kubelet(api, NS, tmp_path).start()
     log = open(tmp_path / "operator.log", "wb")  # noqa: SIM115 (closed below)
     # Members are reached at their cluster DNS names (which their certificates name), resolved
     # by clusterdns in the operator's process and in this one.
-    operator = start_operator(server, kubelet, tmp_path, log, "--interval", interval, env={
+    operator = start_operator(server, kubelet, tmp_path, log, "--interval", interval, *flags, env={
         # where the chart's operator runs: its namespace reaches every cluster's members
         "FLOTILLA_OPERATOR_NAMESPACE": OPERATOR_NS,
         "FLOTILLA_OPERATOR_POD_LABELS": "app.kubernetes.io/name=flotilla-operator",
@@ -160,7 +169,55 @@ def env_of(sts: dict[str, Any]) -> dict[str, Any]:
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
 
 
+def operator_log(root: Path) -> list[dict[str, Any]]:
+    """The operator's log (run with --log-format json): every line one JSON object with the
+    agreed keys, kopf's own records included."""
+    records = []
+    for line in (root / "operator.log").read_text().splitlines():
+        record = json.loads(line)  # any line that is not JSON fails the test
+        assert {"time", "level", "logger", "message"} <= set(record), record
+        records.append(record)
+    return records
+
+
+def operator_metrics(root: Path) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The operator's /metrics, checked by promtool, as {(sample, sorted labels): value}; the
+    port is the one its log says it serves on."""
+    port = next(int(r["message"].split()[4].rstrip(",")) for r in operator_log(root)
+                if r["message"].startswith("serving metrics on port"))
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text = resp.read()
+    check_metrics(text, "the operator's /metrics")
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text.decode())
+            for s in family.samples}
+
+
+def metrics_when(root: Path, predicate: Callable[[dict], Any], what: str) -> dict:
+    """The operator's metrics once `predicate` holds of them (they follow each round)."""
+    def found() -> dict | None:
+        metrics = operator_metrics(root)
+        return metrics if predicate(metrics) else None
+    return wait_for(found, 10, f"the operator's metrics to show {what}")
+
+
+def cluster_gauges(found: dict, name: str = NAME) -> dict[str, float]:
+    """The operator's per-cluster gauges of `name`, without their common prefix."""
+    labels = (("namespace", NS), ("raftcluster", name))
+    return {sample.removeprefix("flotilla_operator_cluster_"): value
+            for (sample, got), value in found.items() if got == labels}
+
+
+def steps_taken(found: dict) -> dict[str, float]:
+    return {dict(labels)["step"]: value for (sample, labels), value in found.items()
+            if sample == "flotilla_operator_steps_total" and value}
+
+
+@pytest.mark.parametrize("world", [{"--log-format": "json", "--metrics-port": "free"}],
+                         indirect=True)
 def test_apply_scale_and_delete_a_raft_cluster(world):
+    """...and the operator's own /metrics follow the cluster (voters, fault tolerance, the
+    steps taken), and every line it logs is one JSON object."""
     _, api, kubelet, root = world
     archive = (root / "archive").as_uri()
     (root / "archive").mkdir()
@@ -214,6 +271,12 @@ def test_apply_scale_and_delete_a_raft_cluster(world):
     wait_for(lambda: get(api, "ConfigMap", "demo-bootstrap")["data"]["initial-cluster-state"]
              == "existing", 10, "empty volumes to start `existing` once bootstrapped")
     assert get(api, "StatefulSet")["spec"]["template"] == sts["spec"]["template"]
+    found = metrics_when(root, lambda f: cluster_gauges(f).get("ready"), "the cluster ready")
+    assert cluster_gauges(found) == {"voters": 3, "unavailable_voters": 0,
+                                     "fault_tolerance": 1, "ready": 1}
+    assert found[("flotilla_operator_clusters", (("phase", "Ready"),))] == 1
+    assert steps_taken(found) == {"resize": 1}
+    assert found[("flotilla_operator_reconcile_duration_seconds_count", ())] > 0
 
     acknowledged: dict[str, bytes] = {}
     with kubelet.client([kubelet.client_url(f"demo-{i}") for i in range(3)], timeout=10) as c:
@@ -231,6 +294,10 @@ def test_apply_scale_and_delete_a_raft_cluster(world):
     assert steps == SCALE_UP_STEPS, steps
     assert get(api, "PodDisruptionBudget")["spec"]["maxUnavailable"] == 2
     assert_admitted(api)
+    found = operator_metrics(root)
+    assert steps_taken(found) == {"resize": 2, "add-learner": 2, "change-voters": 1}
+    assert cluster_gauges(found)["voters"] == 5
+    assert cluster_gauges(found)["fault_tolerance"] == 2
 
     # 4. Scale down with the leader among the members that leave.
     with kubelet.client(kubelet.client_url("demo-0"), timeout=10) as c:
@@ -274,6 +341,11 @@ def test_apply_scale_and_delete_a_raft_cluster(world):
     final = [m for _, reason, m in events(api) if reason == "Deleting"]
     assert final and final[0].startswith("final snapshot at index"), events(api)[-5:]
     assert set((root / "archive").rglob("*.snap")) - before, "no new snapshot in the archive"
+    found = metrics_when(root, lambda f: not cluster_gauges(f), "no series of the cluster")
+    assert found[("flotilla_operator_clusters", (("phase", "Ready"),))] == 0
+    records = operator_log(root)
+    assert any(r["logger"].startswith("kopf") for r in records)  # kopf's records too
+    assert any(r.get("object", {}).get("name") == NAME for r in records)
 
 
 SAFETY_INTERVAL = 120.0
