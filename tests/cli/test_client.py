@@ -158,7 +158,13 @@ def test_without_a_quorum_calls_fail_with_unavailable_within_the_timeout(local_c
     cluster.wait_leader(20)
     survivor = cluster.members[0]
     with Client(cluster.urls) as c:
-        c.put("before", b"quorum")
+        index = c.put("before", b"quorum").index
+        # The survivor must hold the write to serve it below: a follower learns a commit with
+        # the leader's next message (within a few milliseconds), which the kill may cut off.
+        deadline = time.monotonic() + 10
+        while c.status(cluster.nodes[survivor].url)["applied_index"] < index:
+            assert time.monotonic() < deadline, f"{survivor} never applied index {index}"
+            time.sleep(0.01)
     for name in cluster.members[1:]:
         cluster.nodes[name].kill()
     with Client(cluster.urls, timeout=2.0) as c:
