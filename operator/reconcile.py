@@ -7,7 +7,8 @@ slots, and carries out the step with the API server or the members' admin API.
 
 Idempotent by construction: the owned objects are compared with what `render` produces and
 applied (server-side apply) only where they differ, and the step is recomputed from scratch on
-every call.
+every call. An object rendered exactly as when it was last seen in line is not even read
+(`applied.py`): the daemon's watches say when one changes.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 from flotilla.client import FlotillaError
 
 from . import archivejobs, certs, render, restorejob, tlsassets
+from .applied import Applied, in_line
 from .jobs import foreign
 from .kube import ApiError, Kube
 from .members import Members
@@ -54,20 +56,6 @@ REVISION_LABEL = "controller-revision-hash"  # set on each pod by the StatefulSe
 OPERATOR_NAMESPACE_ENV = "FLOTILLA_OPERATOR_NAMESPACE"
 OPERATOR_POD_LABELS_ENV = "FLOTILLA_OPERATOR_POD_LABELS"  # k=v,k=v
 _ORDINAL = re.compile(r"-(\d+)$")
-# What may change in an owned object after creation (the rest is immutable, or the API
-# server's to fill in).
-_MUTABLE = {
-    "ConfigMap": ("initial-cluster", "initial-cluster-state"),
-    "StatefulSet": ("replicas", "template", "updateStrategy"),
-    "Service": ("ports", "publishNotReadyAddresses"),
-    "PodDisruptionBudget": ("maxUnavailable",),
-    "CronJob": ("schedule", "timeZone", "suspend", "concurrencyPolicy",
-                "startingDeadlineSeconds", "successfulJobsHistoryLimit",
-                "failedJobsHistoryLimit", "jobTemplate"),
-    "NetworkPolicy": ("podSelector", "policyTypes", "ingress"),
-    "Certificate": ("secretName", "commonName", "dnsNames", "ipAddresses", "duration",
-                    "renewBefore", "usages", "privateKey", "issuerRef", "secretTemplate"),
-}
 
 
 @dataclass
@@ -79,7 +67,9 @@ class Outcome:
 
 
 def reconcile(kube: Kube, body: Mapping[str, Any], *, default_image: str,
-              now: float | None = None) -> Outcome:
+              now: float | None = None, applied: Applied | None = None) -> Outcome:
+    """`applied`: what the cluster's daemon keeps between rounds of the owned objects it
+    brought in line (see `applied.py`); without it every owned object is read."""
     now = time.time() if now is None else now
     old = dict(body.get("status") or {})
     try:
@@ -159,13 +149,21 @@ def reconcile(kube: Kube, body: Mapping[str, Any], *, default_image: str,
     bootstrap = names[:target_size] if not bootstrapped else []
     if not spec.network.policy:
         events += _no_network_policy(kube, spec)
-    for obj in render.owned_objects(spec, bootstrap, bootstrapped, target_size,
-                                    voters=fewest or spec.replicas,
-                                    operator_peer=operator_peer()):
-        meta = obj["metadata"]
-        current = sts if obj["kind"] == "StatefulSet" else kube.get(  # read once, above
-            obj["kind"], meta["namespace"], meta["name"])
-        created = _ensure(kube, obj, current)
+    owned = render.owned_objects(spec, bootstrap, bootstrapped, target_size,
+                                 voters=fewest or spec.replicas, operator_peer=operator_peer())
+    if applied is not None:
+        applied.retain(owned)
+    for obj in owned:
+        if obj["kind"] == "StatefulSet":  # read once, above
+            created = _ensure(kube, obj, sts)
+        elif applied is not None and applied.unchanged(obj):
+            continue
+        else:
+            token = applied.token(obj) if applied is not None else 0
+            meta = obj["metadata"]
+            created = _ensure(kube, obj, kube.get(obj["kind"], meta["namespace"], meta["name"]))
+            if applied is not None:
+                applied.remember(obj, token)
         if created:
             events.append(("Normal", "Created", f"{obj['kind']} {obj['metadata']['name']}"))
     archive_jobs, job_events = _archive_jobs(kube, spec, old)
@@ -420,28 +418,10 @@ def _ensure(kube: Kube, obj: Mapping[str, Any], current: Mapping[str, Any] | Non
     The comparison first, so an object already as rendered costs no write (and no watch event
     that would wake the operator again); the apply then sends the whole object, so what the
     operator stopped rendering is removed too, which a merge patch could not do."""
-    if current is not None:
-        section = "data" if obj["kind"] == "ConfigMap" else "spec"
-        have = current.get(section) or {}
-        labels = (current.get("metadata") or {}).get("labels") or {}
-        if all(_covers(have.get(k), v) for k, v in obj[section].items()
-               if k in _MUTABLE[obj["kind"]]) and all(
-                labels.get(k) == v for k, v in (obj["metadata"].get("labels") or {}).items()):
-            return False
+    if current is not None and in_line(obj, current):
+        return False
     kube.apply(obj)
     return current is None
-
-
-def _covers(current: Any, wanted: Any) -> bool:
-    """Whether `current` already holds everything in `wanted` (the API server adds defaults,
-    so equality would patch every round)."""
-    if isinstance(wanted, Mapping):
-        return isinstance(current, Mapping) and all(
-            _covers(current.get(k), v) for k, v in wanted.items())
-    if isinstance(wanted, list):
-        return (isinstance(current, list) and len(current) == len(wanted)
-                and all(_covers(c, w) for c, w in zip(current, wanted, strict=True)))
-    return current == wanted
 
 
 # --- observing ------------------------------------------------------------------------------
