@@ -18,7 +18,8 @@ import logging
 import os
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -84,7 +85,12 @@ def reconcile(kube: Kube, body: Mapping[str, Any], *, default_image: str,
         return Outcome(status, [("Warning", "InvalidSpec", str(exc))])
 
     record = _record(old)
-    sts = kube.get("StatefulSet", spec.namespace, spec.name)
+    # What every round observes of Kubernetes, asked at once: the calls do not depend on
+    # each other (pods and volumes are not used before a restore's Job has succeeded).
+    sts, pod_list, claim_list = _at_once(
+        lambda: kube.get("StatefulSet", spec.namespace, spec.name),
+        lambda: kube.list("Pod", spec.namespace, spec.selector),
+        lambda: kube.list("PersistentVolumeClaim", spec.namespace, spec.selector))
     # A point-in-time restore: the snapshot Job first; no member before it has succeeded.
     stage: Stage | None = None
     events: list[tuple[str, str, str]] = []
@@ -99,9 +105,8 @@ def reconcile(kube: Kube, body: Mapping[str, Any], *, default_image: str,
     if problem is not None:
         return _blocked(spec, old, problem, events)
     size = int((sts or {}).get("spec", {}).get("replicas") or 0)
-    pods = {p["metadata"]["name"]: p for p in kube.list("Pod", spec.namespace, spec.selector)}
-    pvcs = {p["metadata"]["name"] for p in kube.list("PersistentVolumeClaim", spec.namespace,
-                                                     spec.selector)}
+    pods = {p["metadata"]["name"]: p for p in pod_list}
+    pvcs = {p["metadata"]["name"] for p in claim_list}
     highest = max([_ordinal(n) + 1 for n in [*pods, *(v[5:] for v in pvcs)]] or [0])
     names = spec.member_names(max(spec.replicas, size, highest))
     tls = tlsassets.ensure(kube, spec, names, datetime.fromtimestamp(now, UTC))
@@ -112,8 +117,7 @@ def reconcile(kube: Kube, body: Mapping[str, Any], *, default_image: str,
     members = Members(spec, token, tlsassets.client_context(tls.trust, tls.client_cert)
                       if tls.trust is not None else None)
     running = [n for n in names if _running(pods.get(n))]
-    statuses = members.statuses(running)
-    served = members.served_serials(running)
+    statuses, served = members.observe(running)
     revision = ((sts or {}).get("status") or {}).get("updateRevision")
     slots = {n: Slot(running=n in running, status=statuses.get(n),
                      exit_code=_exit_code(pods.get(n)), volume=_claim(n) in pvcs,
@@ -425,6 +429,13 @@ def _ensure(kube: Kube, obj: Mapping[str, Any], current: Mapping[str, Any] | Non
 
 
 # --- observing ------------------------------------------------------------------------------
+
+
+def _at_once(*calls: Callable[[], Any]) -> list[Any]:
+    """The results of independent calls, made together (each waits on the network); the
+    first error is raised."""
+    with ThreadPoolExecutor(max_workers=len(calls)) as pool:
+        return [f.result() for f in [pool.submit(call) for call in calls]]
 
 
 def _ordinal(name: str) -> int:
