@@ -124,6 +124,7 @@ async def run(body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped,
     written_at = time.monotonic()
     previous: Action | None = None
     waited: float | None = None
+    woken = False  # whether an event cut the last wait short
     try:
         while not stopped:
             wake.clear()
@@ -153,11 +154,14 @@ async def run(body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped,
                 action = outcome.plan.action if outcome.plan is not None else None
                 waited = pacing.next_look(action, outcome.step_error is not None, previous,
                                           waited, pace,
-                                          restoring=outcome.status.get("phase") == "Restoring")
+                                          restoring=outcome.status.get("phase") == "Restoring",
+                                          woken=woken)
                 previous = action
+            woken = False
             if waited > 0:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(wake.wait(), timeout=waited)
+                    woken = True
     finally:
         if memo.wakers.get(where) is wake:
             del memo.wakers[where]
