@@ -292,7 +292,8 @@ def test_steps_follow_each_other_without_waiting_for_the_safety_interval(world):
     as it completed, and the waits end on events (a pod that starts or gets ready, the spec
     patched) or on what the members say, never on the timer. The rounds of the scale neither
     read nor write the owned objects it leaves as they are (both Services, the NetworkPolicy,
-    the bootstrap ConfigMap); the budget, which follows the voters, is read and written once."""
+    the bootstrap ConfigMap); the budget, which follows the voters, is read and written when
+    it changes, not in every round."""
     server, api, kubelet, root = world
     began = time.monotonic()
     api.create(raft_cluster((root / "archive").as_uri()))
@@ -317,8 +318,12 @@ def test_steps_follow_each_other_without_waiting_for_the_safety_interval(world):
     assert rounds >= len(SCALE_UP_STEPS) + 1, calls
     untouched = [c for c in calls if c[1] in ("services", "networkpolicies", "configmaps")]
     assert untouched == [], untouched
+    # The budget is read only in a round that renders it anew, and then written (twice the
+    # writes allows for the event of a write arriving before the round remembered it).
     budget = [c[0] for c in calls if c[1] == "poddisruptionbudgets"]
-    assert budget.count("PATCH") == 1 and 1 <= budget.count("GET") <= 2, budget
+    assert 1 <= budget.count("PATCH") <= budget.count("GET") <= 2 * budget.count("PATCH"), \
+        budget
+    assert budget.count("GET") < rounds, (budget, rounds)
     assert get(api, "PodDisruptionBudget")["spec"]["maxUnavailable"] == 2
 
 
