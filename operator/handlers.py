@@ -2,7 +2,9 @@
 and takes it (`reconcile.py`), then decides when to look again (`pacing.py`): at once after a
 step that succeeded, soon while the planner waits on the members, otherwise when an event
 wakes it or the safety interval has passed. Events about the cluster (its spec), its
-StatefulSet, its pods and its Jobs wake it. Deletion waits for the final snapshot.
+StatefulSet, its pods and its Jobs wake it, and so does any change to its other owned objects
+that the daemon did not make itself (a deleted Service, an edited budget). Deletion waits for
+the final snapshot.
 
 Settings come from the environment `flotilla operator` sets before importing this module:
 FLOTILLA_DEFAULT_IMAGE (for RaftClusters without spec.image) and FLOTILLA_OPERATOR_INTERVAL
@@ -27,6 +29,7 @@ import urllib3
 from flotilla.client import FlotillaError
 
 from . import pacing, requests
+from .applied import Applied
 from .kube import ApiError, Kube
 from .metrics import METRICS
 from .planner import Action
@@ -41,6 +44,11 @@ FINAL_SNAPSHOT_TRIES = 3
 # watched (a server-side label selector), and their instance label names their cluster.
 MANAGED = {"app.kubernetes.io/managed-by": "flotilla-operator"}
 INSTANCE_LABEL = "app.kubernetes.io/instance"
+# The owned objects a round does not read while they are as it last brought them in line
+# (`applied.py`): watched, by plural, so an edit or a deletion is repaired at once.
+APPLIED_KINDS = {"configmaps": "ConfigMap", "services": "Service",
+                 "poddisruptionbudgets": "PodDisruptionBudget",
+                 "networkpolicies": "NetworkPolicy"}
 
 # Set by `flotilla operator` when it watches namespaces named exactly (no kopf globs): kopf then
 # does not scan CRDs and namespaces cluster-wide, so a Role in each namespace is all it needs.
@@ -80,11 +88,13 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     selector = ",".join(f"{k}={v}" for k, v in MANAGED.items())
-    for resource in ("statefulsets", "pods", "jobs"):
+    for resource in ("statefulsets", "pods", "jobs", *APPLIED_KINDS):
         settings.watching.label_selectors[resource] = selector
-    # (namespace, name) -> the Event that wakes that cluster's daemon. The operator's memo is
-    # shallow-copied into each object's, so every handler sees this one dict.
+    # (namespace, name) -> the Event that wakes that cluster's daemon, and what it keeps of
+    # the owned objects it brought in line. The operator's memo is shallow-copied into each
+    # object's, so every handler sees these same dicts.
     memo.wakers = {}
+    memo.applied = {}
 
 
 def _key(body: Mapping[str, Any]) -> str:
@@ -92,10 +102,10 @@ def _key(body: Mapping[str, Any]) -> str:
     return str(meta.get("uid") or meta.get("name") or "")
 
 
-def _round(body: Mapping[str, Any]) -> Outcome:
+def _round(body: Mapping[str, Any], applied: Applied) -> Outcome:
     """One reconcile, in a worker thread, under the cluster's lock."""
     with _locks.setdefault(_key(body), threading.Lock()):
-        return reconcile(_api(), body, default_image=_default_image())
+        return reconcile(_api(), body, default_image=_default_image(), applied=applied)
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=5.0)
@@ -104,17 +114,21 @@ async def run(body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped,
     """The cluster's loop: a round, then a wait as `pacing.next_look` says, cut short by
     `memo.wake`. `body` is kopf's live view of the RaftCluster; its status is the operator's
     alone, so the daemon keeps what it last wrote (`written`) and plans from that, not from a
-    watch event that may not have arrived yet."""
+    watch event that may not have arrived yet. What it brought in line of the owned objects
+    (`applied`) it forgets at least once per safety interval: that round reads them all."""
     meta = body.get("metadata") or {}
     where = (str(meta.get("namespace")), str(meta.get("name")))
     uid = _key(body)
     wake = memo.wake = asyncio.Event()
     memo.wakers[where] = wake
+    applied = memo.applied[where] = Applied()
+    forgot_at = time.monotonic()
     pace = pacing.Pace(safety=INTERVAL)
     written: dict[str, Any] = copy.deepcopy(dict(body.get("status") or {}))
     written_at = time.monotonic()
     previous: Action | None = None
     waited: float | None = None
+    woken = False  # whether an event cut the last wait short
     try:
         while not stopped:
             wake.clear()
@@ -123,7 +137,10 @@ async def run(body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped,
             seen["status"] = copy.deepcopy(written)
             try:
                 began = time.monotonic()
-                outcome = await asyncio.to_thread(_round, seen)
+                if began - forgot_at >= INTERVAL:
+                    applied.forget()
+                    forgot_at = began
+                outcome = await asyncio.to_thread(_round, seen, applied)
                 METRICS.round_done(where, time.monotonic() - began, outcome, uid)
                 logger.debug(f"round of {time.monotonic() - began:.2f}s: "
                              f"{outcome.status.get('lastAction')}")
@@ -139,17 +156,20 @@ async def run(body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped,
             except Exception as exc:  # the next round plans again from what it observes
                 METRICS.round_failed(where, time.monotonic() - began)
                 _round_failed(logger, exc)
+                applied.forget()
                 waited = pacing.next_look(None, True, previous, waited, pace)
                 previous = None
             else:
                 action = outcome.plan.action if outcome.plan is not None else None
                 waited = 0.0 if outcome.requests_done else pacing.next_look(
                     action, outcome.step_error is not None, previous, waited, pace,
-                    restoring=outcome.status.get("phase") == "Restoring")
+                    restoring=outcome.status.get("phase") == "Restoring", woken=woken)
                 previous = action
+            woken = False
             if waited > 0:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(wake.wait(), timeout=waited)
+                    woken = True
     finally:
         if (body.get("metadata") or {}).get("deletionTimestamp"):  # kopf's live view
             METRICS.deleting(where)  # until the finalizer is done
@@ -157,6 +177,8 @@ async def run(body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped,
             METRICS.forget(where)
         if memo.wakers.get(where) is wake:
             del memo.wakers[where]
+        if memo.applied.get(where) is applied:
+            del memo.applied[where]
 
 
 #: What a round can meet that is not a bug: the API server or a member refusing or not
@@ -197,6 +219,25 @@ def owned_event(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     wake = memo.wakers.get((meta.get("namespace"), cluster)) if cluster else None
     if wake is not None:
         wake.set()
+
+
+@kopf.on.event("v1", "configmaps", labels=MANAGED)
+@kopf.on.event("v1", "services", labels=MANAGED)
+@kopf.on.event("policy", "poddisruptionbudgets", labels=MANAGED)
+@kopf.on.event("networking.k8s.io", "networkpolicies", labels=MANAGED)
+def applied_event(body: kopf.Body, type: str | None, resource: kopf.Resource,
+                  memo: kopf.Memo, **_: Any) -> None:
+    """A ConfigMap, Service, PodDisruptionBudget or NetworkPolicy of a cluster changed or went:
+    unless it is still as the daemon last brought it in line (its own apply, a status the
+    API server updated), the daemon reads it again and repairs it now."""
+    meta = body.get("metadata") or {}
+    where = (meta.get("namespace"), (meta.get("labels") or {}).get(INSTANCE_LABEL))
+    applied = memo.applied.get(where)
+    if applied is not None and applied.observe(APPLIED_KINDS[resource.plural], body,
+                                               deleted=type == "DELETED"):
+        wake = memo.wakers.get(where)
+        if wake is not None:
+            wake.set()
 
 
 async def _tell(body: Mapping[str, Any], uid: str, outcome: Outcome,

@@ -7,9 +7,10 @@ Looking again (`next_look`): after a step that succeeded, at once (the next step
 now: a learner added, the next can be); after a failed step, with a backoff; while the planner
 waits on the members (a learner catching up, a new member starting, an election), soon, and
 less often the longer nothing changes: members say nothing on their own, so their progress is
-seen by asking, and no Kubernetes event marks it. Otherwise (the cluster is as asked, or the
-spec is invalid) not before the safety interval. Events about the cluster, its StatefulSet, its
-pods and its Jobs cut every wait short.
+seen by asking, and no Kubernetes event marks it; a wait that an event cut short (a pod that
+started) starts over at the shortest. Otherwise (the cluster is as asked, or the spec is
+invalid) not before the safety interval. Events about the cluster and the objects it owns cut
+every wait short.
 
 Writing status (`write_due`): only when it changes, and a change of the fast-moving indexes
 alone (commit and match indexes, the snapshot, how far the archive got) at most once per
@@ -45,20 +46,25 @@ class Pace:
 
 
 def next_look(action: Action | None, failed: bool, previous: Action | None,
-              waited: float | None, pace: Pace, *, restoring: bool = False) -> float:
+              waited: float | None, pace: Pace, *, restoring: bool = False,
+              woken: bool = False) -> float:
     """Seconds until the next round. `action` is the step this round planned (None: there was
     no plan, as for an invalid spec or a round that raised), `failed` whether carrying it out
     (or the round) failed, `previous` the action of the round before and `waited` how long
-    the operator waited after it. `restoring`: the restore Job runs, no member yet."""
+    the operator waited after it. `restoring`: the restore Job runs, no member yet. `woken`:
+    an event cut that wait short (a pod started, say): the wait is a new one, and looking
+    again starts over at `poll_first`, since what it waits on (that pod's member answering)
+    is likely near."""
     if failed:
         return min(pace.safety, max(pace.retry_first, 2 * (waited or 0)))
     if action is None:
-        return _poll(waited, pace, same=True) if restoring else pace.safety
+        return _poll(waited, pace, same=not woken) if restoring else pace.safety
     if action.step is Step.DONE:
         return pace.safety
     if action.step is not Step.WAIT:
         return 0.0
-    return _poll(waited, pace, same=previous is not None and _kind(previous) == _kind(action))
+    return _poll(waited, pace, same=not woken and previous is not None
+                 and _kind(previous) == _kind(action))
 
 
 def _kind(action: Action) -> tuple[Step, str | None, str]:

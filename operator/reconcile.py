@@ -7,7 +7,8 @@ slots, and carries out the step with the API server or the members' admin API.
 
 Idempotent by construction: the owned objects are compared with what `render` produces and
 applied (server-side apply) only where they differ, and the step is recomputed from scratch on
-every call.
+every call. An object rendered exactly as when it was last seen in line is not even read
+(`applied.py`): the daemon's watches say when one changes.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import logging
 import os
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -35,6 +37,7 @@ from . import (
     tlsassets,
     volumes,
 )
+from .applied import Applied, in_line
 from .jobs import foreign
 from .kube import ApiError, Kube
 from .members import Members
@@ -64,20 +67,6 @@ REVISION_LABEL = "controller-revision-hash"  # set on each pod by the StatefulSe
 OPERATOR_NAMESPACE_ENV = "FLOTILLA_OPERATOR_NAMESPACE"
 OPERATOR_POD_LABELS_ENV = "FLOTILLA_OPERATOR_POD_LABELS"  # k=v,k=v
 _ORDINAL = re.compile(r"-(\d+)$")
-# What may change in an owned object after creation (the rest is immutable, or the API
-# server's to fill in).
-_MUTABLE = {
-    "ConfigMap": ("initial-cluster", "initial-cluster-state"),
-    "StatefulSet": ("replicas", "template", "updateStrategy"),
-    "Service": ("ports", "publishNotReadyAddresses"),
-    "PodDisruptionBudget": ("maxUnavailable",),
-    "CronJob": ("schedule", "timeZone", "suspend", "concurrencyPolicy",
-                "startingDeadlineSeconds", "successfulJobsHistoryLimit",
-                "failedJobsHistoryLimit", "jobTemplate"),
-    "NetworkPolicy": ("podSelector", "policyTypes", "ingress"),
-    "Certificate": ("secretName", "commonName", "dnsNames", "ipAddresses", "duration",
-                    "renewBefore", "usages", "privateKey", "issuerRef", "secretTemplate"),
-}
 
 
 @dataclass
@@ -94,13 +83,16 @@ class Outcome:
 
 
 def reconcile(kube: Kube, body: Mapping[str, Any], *, default_image: str,
-              now: float | None = None) -> Outcome:
+              now: float | None = None, applied: Applied | None = None) -> Outcome:
     """One round; the status it returns also carries kstatus's Reconciling and Stalled. A
-    RaftCluster being deleted takes no step: it is only said to be Deleting."""
+    RaftCluster being deleted takes no step: it is only said to be Deleting. `applied`: what the
+    cluster's daemon keeps between rounds of the owned objects it brought in line (see
+    `applied.py`); without it every owned object is read."""
     old = dict(body.get("status") or {})
     if (body.get("metadata") or {}).get("deletionTimestamp"):
         return Outcome(deleting_status(old, _generation(body)))
-    outcome = _reconcile(kube, body, default_image=default_image, now=now)
+    outcome = _reconcile(kube, body, default_image=default_image, now=now,
+                         applied=applied)
     status = outcome.status
     status["conditions"] = [*status["conditions"], *_conditions(
         old, kstatus.conditions(status["phase"], status["conditions"]),
@@ -123,7 +115,7 @@ def deleting_status(old: Mapping[str, Any], generation: int) -> dict[str, Any]:
 
 
 def _reconcile(kube: Kube, body: Mapping[str, Any], *, default_image: str,
-               now: float | None = None) -> Outcome:
+               now: float | None = None, applied: Applied | None = None) -> Outcome:
     now = time.time() if now is None else now
     old = dict(body.get("status") or {})
     try:
@@ -138,7 +130,12 @@ def _reconcile(kube: Kube, body: Mapping[str, Any], *, default_image: str,
         return Outcome(status, [("Warning", "InvalidSpec", str(exc))])
 
     record = _record(old)
-    sts = kube.get("StatefulSet", spec.namespace, spec.name)
+    # What every round observes of Kubernetes, asked at once: the calls do not depend on
+    # each other (pods and volumes are not used before a restore's Job has succeeded).
+    sts, pod_list, claim_list = _at_once(
+        lambda: kube.get("StatefulSet", spec.namespace, spec.name),
+        lambda: kube.list("Pod", spec.namespace, spec.selector),
+        lambda: kube.list("PersistentVolumeClaim", spec.namespace, spec.selector))
     # A point-in-time restore: the snapshot Job first; no member before it has succeeded.
     stage: Stage | None = None
     events: list[tuple[str, str, str]] = []
@@ -153,8 +150,8 @@ def _reconcile(kube: Kube, body: Mapping[str, Any], *, default_image: str,
     if problem is not None:
         return _blocked(spec, old, problem, events)
     size = int((sts or {}).get("spec", {}).get("replicas") or 0)
-    pods = {p["metadata"]["name"]: p for p in kube.list("Pod", spec.namespace, spec.selector)}
-    claims = kube.list("PersistentVolumeClaim", spec.namespace, spec.selector)
+    pods = {p["metadata"]["name"]: p for p in pod_list}
+    claims = claim_list
     pvcs = {p["metadata"]["name"] for p in claims}
     highest = max([_ordinal(n) + 1 for n in [*pods, *(v[5:] for v in pvcs)]] or [0])
     names = spec.member_names(max(spec.replicas, size, highest))
@@ -166,8 +163,7 @@ def _reconcile(kube: Kube, body: Mapping[str, Any], *, default_image: str,
     members = Members(spec, token, tlsassets.client_context(tls.trust, tls.client_cert)
                       if tls.trust is not None else None)
     running = [n for n in names if _running(pods.get(n))]
-    statuses = members.statuses(running)
-    served = members.served_serials(running)
+    statuses, served = members.observe(running)
     revision = ((sts or {}).get("status") or {}).get("updateRevision")
     slots = {n: Slot(running=n in running, status=statuses.get(n),
                      exit_code=_exit_code(pods.get(n)), volume=_claim(n) in pvcs,
@@ -203,14 +199,21 @@ def _reconcile(kube: Kube, body: Mapping[str, Any], *, default_image: str,
     bootstrap = names[:target_size] if not bootstrapped else []
     if not spec.network.policy:
         events += _no_network_policy(kube, spec)
-    for obj in render.owned_objects(spec, bootstrap, bootstrapped, target_size,
-                                    voters=fewest or spec.replicas,
-                                    operator_peer=operator_peer()):
+    owned = render.owned_objects(spec, bootstrap, bootstrapped, target_size,
+                                 voters=fewest or spec.replicas, operator_peer=operator_peer())
+    if applied is not None:
+        applied.retain(owned)
+    for obj in owned:
         meta = obj["metadata"]
-        current = sts if obj["kind"] == "StatefulSet" else kube.get(  # read once, above
-            obj["kind"], meta["namespace"], meta["name"])
-        if obj["kind"] == "StatefulSet":  # its claim template is fixed: claims grow instead
-            obj = volumes.keep_claim_template(obj, current)
+        token = 0
+        if obj["kind"] == "StatefulSet":  # read once, above
+            current = sts
+            obj = volumes.keep_claim_template(obj, current)  # fixed: claims grow instead
+        elif applied is not None and applied.unchanged(obj):
+            continue
+        else:
+            token = applied.token(obj) if applied is not None else 0
+            current = kube.get(obj["kind"], meta["namespace"], meta["name"])
         try:
             created = _ensure(kube, obj, current)
         except ApiError as exc:
@@ -220,6 +223,8 @@ def _reconcile(kube: Kube, body: Mapping[str, Any], *, default_image: str,
                 f"the API server refused {obj['kind']} {meta['name']} as rendered from the "
                 f"spec: {exc}; fix the field it names (spec.pod and spec.resources reach the "
                 "pod template as they are)")), events)
+        if applied is not None and obj["kind"] != "StatefulSet":
+            applied.remember(obj, token)
         if created:
             events.append(("Normal", "Created", f"{obj['kind']} {obj['metadata']['name']}"))
     archive_jobs, job_events = _archive_jobs(kube, spec, old)
@@ -507,31 +512,20 @@ def _ensure(kube: Kube, obj: Mapping[str, Any], current: Mapping[str, Any] | Non
     The comparison first, so an object already as rendered costs no write (and no watch event
     that would wake the operator again); the apply then sends the whole object, so what the
     operator stopped rendering is removed too, which a merge patch could not do."""
-    if current is not None:
-        section = "data" if obj["kind"] == "ConfigMap" else "spec"
-        have = current.get(section) or {}
-        labels = (current.get("metadata") or {}).get("labels") or {}
-        if all(_covers(have.get(k), v) for k, v in obj[section].items()
-               if k in _MUTABLE[obj["kind"]]) and all(
-                labels.get(k) == v for k, v in (obj["metadata"].get("labels") or {}).items()):
-            return False
+    if current is not None and in_line(obj, current):
+        return False
     kube.apply(obj)
     return current is None
 
 
-def _covers(current: Any, wanted: Any) -> bool:
-    """Whether `current` already holds everything in `wanted` (the API server adds defaults,
-    so equality would patch every round)."""
-    if isinstance(wanted, Mapping):
-        return isinstance(current, Mapping) and all(
-            _covers(current.get(k), v) for k, v in wanted.items())
-    if isinstance(wanted, list):
-        return (isinstance(current, list) and len(current) == len(wanted)
-                and all(_covers(c, w) for c, w in zip(current, wanted, strict=True)))
-    return current == wanted
-
-
 # --- observing ------------------------------------------------------------------------------
+
+
+def _at_once(*calls: Callable[[], Any]) -> list[Any]:
+    """The results of independent calls, made together (each waits on the network); the
+    first error is raised."""
+    with ThreadPoolExecutor(max_workers=len(calls)) as pool:
+        return [f.result() for f in [pool.submit(call) for call in calls]]
 
 
 def _ordinal(name: str) -> int:

@@ -63,8 +63,9 @@ class TlsState:
 
 
 # Secrets are read again at most this often (seconds; FLOTILLA_OPERATOR_SECRETS_INTERVAL),
-# unless the members change, a certificate is due or a Secret is still missing: renewal works
-# in days, and every read is an API call in every round of every cluster.
+# unless a certificate is due or a Secret is still missing; a member that joins has its own
+# Secret read: renewal works in days, and every read is an API call in every round of every
+# cluster.
 SECRETS_INTERVAL_ENV = "FLOTILLA_OPERATOR_SECRETS_INTERVAL"
 _memo: dict[tuple[Any, ...], tuple[float, Any]] = {}
 _memo_lock = threading.Lock()
@@ -185,16 +186,25 @@ def _epoch(text: str) -> float:
 
 def _signed_here(kube: Kube, spec: ClusterSpec, members: Sequence[str],
                  now: datetime.datetime, state: TlsState) -> None:
+    """The CA and each certificate Secret, read (each remembered on its own for the secrets
+    interval, so a member that joins costs the reads of its own Secret only), and issued
+    where missing or due."""
     name = spec.ca_secret_name
     assert name is not None
-    secret = kube.get("Secret", spec.namespace, name)
-    if secret is None and spec.tls.secret_name is None:
-        ca = certs.new_ca(spec)
-        kube.create(certs.ca_secret(spec, ca, spec.labels))
-        state.events.append(("Normal", "Created", f"Secret {name} (the cluster's CA)"))
-        found: tuple[Issued, bytes] | str = (ca, ca.cert_pem)
-    else:
-        found = certs.ca_from_secret(secret)
+    clock = time.monotonic()
+    ca_key = ("ca", spec.uid, spec.namespace, name)
+    found: tuple[Issued, bytes] | str | None = _remembered(ca_key, clock)
+    if found is None:
+        secret = kube.get("Secret", spec.namespace, name)
+        if secret is None and spec.tls.secret_name is None:
+            ca = certs.new_ca(spec)
+            kube.create(certs.ca_secret(spec, ca, spec.labels))
+            state.events.append(("Normal", "Created", f"Secret {name} (the cluster's CA)"))
+            found = (ca, ca.cert_pem)
+        else:
+            found = certs.ca_from_secret(secret)
+        if not isinstance(found, str):
+            _remember(ca_key, clock + _interval(), found)
     if isinstance(found, str):
         state.problem = Problem("CASecretInvalid", f"the CA Secret {name}"
                                 + (" (spec.tls.secretName)" if spec.tls.secret_name else "")
@@ -214,6 +224,11 @@ def _signed_here(kube: Kube, spec: ClusterSpec, members: Sequence[str],
         wanted.append((spec.client_tls_secret, None, [certs.CLIENT_COMMON_NAME]))
     listed = []
     for secret_name, member, names in wanted:
+        kept_key = ("certificate", spec.uid, spec.namespace, secret_name, ca.cert_pem)
+        kept = _remembered(kept_key, clock)
+        if kept is not None and certs.due(kept[1], names, ca.cert_pem, now) is None:
+            _record(state, secret_name, member, *kept, listed)
+            continue
         current = kube.get("Secret", spec.namespace, secret_name)
         data = certs.decode(current)
         info = certs.read(data.get(certs.TLS_CRT))
@@ -240,6 +255,9 @@ def _signed_here(kube: Kube, spec: ClusterSpec, members: Sequence[str],
                                      f"{certs.rfc3339(issued.not_after())}"))
             data = {certs.TLS_CRT: issued.cert_pem, certs.TLS_KEY: issued.key_pem}
             info = certs.read(issued.cert_pem)
+        if info is not None:
+            left = (info.renew_at - now).total_seconds()
+            _remember(kept_key, clock + max(0.0, min(_interval(), left)), (data, info))
         _record(state, secret_name, member, data, info, listed)
     state.status["certificates"] = listed
 

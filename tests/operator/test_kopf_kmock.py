@@ -351,18 +351,31 @@ def test_apply_scale_and_delete_a_raft_cluster(world):
 SAFETY_INTERVAL = 120.0
 
 
+def operator_calls(server: Kmock, since: int = 0) -> list[tuple[str, str, str]]:
+    """(method, resource plural, name) of each API request the operator made (the ones that
+    show its kubeconfig's token) among the requests kmock served after the first `since`."""
+    return [(r.method.value, r.resource.plural if r.resource is not None else "", r.name or "")
+            for r in list(server.emulator)[since:] if "Authorization" in r.headers]
+
+
 @pytest.mark.parametrize("world", [{"--interval": str(SAFETY_INTERVAL)}], indirect=True)
 def test_steps_follow_each_other_without_waiting_for_the_safety_interval(world):
     """With a safety interval of two minutes, a bootstrap and a scale 3 -> 5 (six steps and
     the waits between them) are done well within it: each step follows the one before as soon
     as it completed, and the waits end on events (a pod that starts or gets ready, the spec
-    patched) or on what the members say, never on the timer."""
-    _, api, kubelet, root = world
+    patched) or on what the members say, never on the timer. The rounds of the scale neither
+    read nor write the owned objects it leaves as they are (both Services, the NetworkPolicy,
+    the bootstrap ConfigMap); the budget, which follows the voters, is read and written when
+    it changes, not in every round."""
+    server, api, kubelet, root = world
     began = time.monotonic()
     api.create(raft_cluster((root / "archive").as_uri()))
     wait_status(api, lambda s: s.get("phase") == "Ready" and s.get("replicas") == 3,
                 "the cluster to be Ready with 3 voters", SAFETY_INTERVAL / 2, kubelet)
+    wait_for(lambda: get(api, "ConfigMap", "demo-bootstrap")["data"]["initial-cluster-state"]
+             == "existing", 10, "empty volumes to start `existing` once bootstrapped")
     seen = len(events(api))
+    served = len(list(server.emulator))
     api.patch("RaftCluster", NS, NAME, {"spec": {"replicas": 5}, "metadata": {"generation": 2}})
     status = wait_status(api, lambda s: s.get("replicas") == 5 and s.get("phase") == "Ready",
                          "5 voters", SAFETY_INTERVAL / 2, kubelet)
@@ -372,6 +385,45 @@ def test_steps_follow_each_other_without_waiting_for_the_safety_interval(world):
     steps = steps_since(api, seen)
     assert steps == SCALE_UP_STEPS, steps
     assert_admitted(api)
+
+    calls = operator_calls(server, served)
+    rounds = calls.count(("GET", "statefulsets", NAME))  # each round reads it once
+    assert rounds >= len(SCALE_UP_STEPS) + 1, calls
+    untouched = [c for c in calls if c[1] in ("services", "networkpolicies", "configmaps")]
+    assert untouched == [], untouched
+    # The budget is read only in a round that renders it anew, and then written (twice the
+    # writes allows for the event of a write arriving before the round remembered it).
+    budget = [c[0] for c in calls if c[1] == "poddisruptionbudgets"]
+    assert 1 <= budget.count("PATCH") <= budget.count("GET") <= 2 * budget.count("PATCH"), \
+        budget
+    assert budget.count("GET") < rounds, (budget, rounds)
+    assert get(api, "PodDisruptionBudget")["spec"]["maxUnavailable"] == 2
+
+
+@pytest.mark.parametrize("world", [{"--interval": str(SAFETY_INTERVAL)}], indirect=True)
+def test_an_owned_object_deleted_or_edited_by_someone_else_is_repaired_at_once(world):
+    """The rounds skip the owned objects they left in line, yet one deleted or edited behind
+    the operator's back is put back on its watch event, long before the safety interval."""
+    _, api, kubelet, root = world
+    ready_cluster(api, kubelet, raft_cluster((root / "archive").as_uri()))
+    wait_for(lambda: get(api, "ConfigMap", "demo-bootstrap")["data"]["initial-cluster-state"]
+             == "existing", 10, "empty volumes to start `existing` once bootstrapped")
+    rendered = {(kind, name): get(api, kind, name)["spec"] for kind, name in (
+        ("Service", "demo"), ("NetworkPolicy", NAME), ("PodDisruptionBudget", NAME))}
+    began = time.monotonic()
+    api.delete("Service", NS, "demo")
+    api.delete("NetworkPolicy", NS, NAME)
+    api.patch("PodDisruptionBudget", NS, NAME, {"spec": {"maxUnavailable": 3}})
+    api.patch("ConfigMap", NS, "demo-bootstrap", {"data": {"initial-cluster-state": "new"}})
+
+    def repaired() -> bool:
+        return all((get(api, kind, name) or {}).get("spec") == spec
+                   for (kind, name), spec in rendered.items()) and get(
+            api, "ConfigMap", "demo-bootstrap")["data"]["initial-cluster-state"] == "existing"
+
+    wait_for(repaired, 20, "the deleted and edited objects to be put back")
+    assert time.monotonic() - began < SAFETY_INTERVAL / 4
+    assert [m for _, r, m in events(api) if r == "Created"].count("Service demo") == 2
 
 
 def test_an_invalid_spec_is_reported_and_nothing_is_created(world):

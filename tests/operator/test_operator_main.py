@@ -38,9 +38,10 @@ def test_only_what_the_operator_made_is_watched_besides_raftclusters():
     handlers.configure(settings=settings, memo=memo)
     selectors = {selector.any_name: value
                  for selector, value in settings.watching.label_selectors.items()}
-    assert selectors == dict.fromkeys(("statefulsets", "pods", "jobs"),
+    assert selectors == dict.fromkeys(("statefulsets", "pods", "jobs", "configmaps", "services",
+                                       "poddisruptionbudgets", "networkpolicies"),
                                       "app.kubernetes.io/managed-by=flotilla-operator")
-    assert memo.wakers == {}
+    assert memo.wakers == {} and memo.applied == {}
 
 
 def test_exact_namespaces_need_no_cluster_wide_scanning(started):

@@ -37,6 +37,19 @@ def test_waiting_on_the_members_looks_soon_then_less_often_while_nothing_changes
     assert next_look(later, False, CATCH_UP, 1.0, PACE) == 1.5
 
 
+def test_a_wait_an_event_cut_short_looks_again_soon_and_backs_off_again():
+    """A pod that started (its event woke the daemon) has a member about to answer: the
+    operator does not go on waiting as long as it had been while nothing happened."""
+    assert next_look(START, False, START, 2.0, PACE) == 3.0
+    assert next_look(START, False, START, 2.0, PACE, woken=True) == PACE.poll_first
+    assert next_look(START, False, START, PACE.poll_first, PACE) == 1.5 * PACE.poll_first
+    assert next_look(None, False, None, 2.0, PACE, restoring=True, woken=True) == \
+        PACE.poll_first
+    # Steps and a cluster as asked are paced as before.
+    assert next_look(ADD, False, START, 2.0, PACE, woken=True) == 0.0
+    assert next_look(DONE, False, START, 2.0, PACE, woken=True) == 30.0
+
+
 def test_a_failed_step_is_retried_with_a_doubling_backoff_up_to_the_safety_interval():
     delays = [next_look(ADD, True, None, None, PACE)]
     for _ in range(8):

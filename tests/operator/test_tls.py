@@ -197,6 +197,36 @@ def test_scaling_up_issues_the_new_members_certificates_in_the_round_that_grows_
     assert ("Secret", "demo-3-tls") in creates(kube) and ("Secret", "demo-4-tls") in creates(kube)
 
 
+class ReadingKube(PatchingKube):
+    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        self.calls.append(("get", kind, name))
+        return super().get(kind, namespace, name)
+
+
+def test_a_member_that_joins_has_only_its_own_secret_read(monkeypatch):
+    """Within the secrets interval, the round that grows the member set reads (and makes) the
+    new members' Secrets only: the CA and the others' were read a moment ago."""
+    monkeypatch.setenv(tlsassets.SECRETS_INTERVAL_ENV, "60")
+    kube, obj = ReadingKube(), body()
+    rounds(kube, obj)
+    obj["spec"]["replicas"] = 5
+    kube.objects[("StatefulSet", "prod", "demo")]["spec"]["replicas"] = 3
+    obj["status"]["bootstrapped"] = True
+    before = len(kube.calls)
+    rounds(kube, obj)
+    assert [c for c in kube.calls[before:] if c[1] == "Secret"] == [
+        ("get", "Secret", "demo-3-tls"), ("create", "Secret", "demo-3-tls"),
+        ("get", "Secret", "demo-4-tls"), ("create", "Secret", "demo-4-tls")]
+    assert [c["secret"] for c in obj["status"]["tls"]["certificates"]] == [
+        f"demo-{i}-tls" for i in range(5)]
+    tlsassets.forget()  # after the interval: every Secret is read again, none made
+    before = len(kube.calls)
+    rounds(kube, obj)
+    assert [c for c in kube.calls[before:] if c[1] == "Secret"] == [
+        ("get", "Secret", name) for name in ("demo-admin-token", "demo-ca",
+                                             *(f"demo-{i}-tls" for i in range(5)))]
+
+
 def test_a_short_admin_token_stops_everything_and_says_why():
     kube, obj = PatchingKube(), body({"adminTokenSecret": {"name": "admin"}})
     put_secret(kube, "admin", {"token": b"hunter2"}, owner=None)

@@ -181,9 +181,11 @@ RaftCluster.
   verbs: ["get", "create", "patch"]
 # The NetworkPolicy NAME of each cluster (peer port from its own pods only, client port from
 # spec.network.clientFrom and the operator); deleted when spec.network.policy is false.
+# Watched (by label), like the Services, the budget and the ConfigMap, so one edited or
+# deleted by someone else is put back at once.
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
-  verbs: ["get", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # kopf reports handler outcomes as Events on the RaftCluster (core API, aggregated by patch).
 - apiGroups: [""]
   resources: ["events"]
