@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from flotilla import local
+from tests.harness.cli import CLEANUP_TIMEOUT_S
 from tests.harness.fixtures import local_cluster, require_node  # noqa: F401 (a fixture)
 from tests.harness.processes import LocalCluster
 
@@ -38,7 +39,7 @@ def tear_down(root: Path) -> None:
     each member's log is printed (pytest shows it when the test failed)."""
     if local.LocalCluster.exists(root):
         cluster = local.LocalCluster.load(root)
-        cluster.stop(timeout=5)
+        cluster.stop(timeout=CLEANUP_TIMEOUT_S)
         for m in cluster.members:
             print(f"--- {m.name} ({m.log_file}):\n{cluster.log_tail(m.name, 30)}")
 

@@ -13,6 +13,7 @@ import pytest
 from flotilla import local
 from flotilla.local import LocalCluster
 from tests.cli.conftest import FAST
+from tests.harness.cli import CLEANUP_TIMEOUT_S
 from tests.harness.fixtures import require_node
 
 
@@ -82,4 +83,4 @@ def test_up_moves_to_other_ports_when_one_was_taken_meanwhile(tmp_path, monkeypa
     finally:
         squatter.close()
         if cluster is not None:
-            cluster.stop(timeout=5)
+            cluster.stop(timeout=CLEANUP_TIMEOUT_S)

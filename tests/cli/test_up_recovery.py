@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from flotilla import local
+from tests.harness.cli import CLEANUP_TIMEOUT_S
 from tests.harness.cli import flotilla as run_flotilla
 from tests.harness.fixtures import require_node
 from tests.harness.ports import allocate_range, release_port
@@ -60,7 +61,7 @@ def test_a_failed_up_leaves_no_process_and_no_cluster(tmp_path: Path):
         again = flotilla(tmp_path, "up", "--base-port", str(base), *FAST)
         assert again.returncode == 0, again.stdout + again.stderr
     finally:
-        flotilla(tmp_path, "down", "--timeout", "5")
+        flotilla(tmp_path, "down", "--timeout", str(CLEANUP_TIMEOUT_S))
         for port in range(base, base + 13):
             release_port(port)
 
@@ -87,7 +88,7 @@ def test_up_starts_the_members_that_died_and_keeps_the_others(tmp_path: Path):
         whole = flotilla(tmp_path, "up", *FAST)
         assert whole.returncode == 1 and "already running" in one_line(whole)
     finally:
-        flotilla(tmp_path, "down", "--timeout", "5")
+        flotilla(tmp_path, "down", "--timeout", str(CLEANUP_TIMEOUT_S))
 
 
 @pytest.mark.parametrize(("argv", "says"), [
@@ -114,7 +115,7 @@ def test_a_bad_option_is_not_remembered_by_the_directory(tmp_path: Path):
         assert fixed.returncode == 0, fixed.stdout + fixed.stderr
         assert "note:" not in fixed.stdout
     finally:
-        flotilla(tmp_path, "down", "--timeout", "5")
+        flotilla(tmp_path, "down", "--timeout", str(CLEANUP_TIMEOUT_S))
 
 
 def test_resuming_with_other_options_says_how_to_start_over(tmp_path: Path):
@@ -128,7 +129,7 @@ def test_resuming_with_other_options_says_how_to_start_over(tmp_path: Path):
         assert "resuming with the original archive" in resumed.stdout
         assert "flotilla down --dir" in resumed.stdout and "another --dir" in resumed.stdout
     finally:
-        flotilla(tmp_path, "down", "--timeout", "5")
+        flotilla(tmp_path, "down", "--timeout", str(CLEANUP_TIMEOUT_S))
 
 
 def test_up_protects_the_admin_api_with_a_token_the_other_commands_use(tmp_path: Path):
@@ -154,7 +155,7 @@ def test_up_protects_the_admin_api_with_a_token_the_other_commands_use(tmp_path:
         scaled = flotilla(tmp_path, "scale", "4")  # admin calls with the token
         assert scaled.returncode == 0, scaled.stdout + scaled.stderr
     finally:
-        flotilla(tmp_path, "down", "--timeout", "5")
+        flotilla(tmp_path, "down", "--timeout", str(CLEANUP_TIMEOUT_S))
 
 
 def test_up_gives_a_cluster_made_without_a_token_one_before_resuming_it(tmp_path: Path):
@@ -178,4 +179,4 @@ def test_up_gives_a_cluster_made_without_a_token_one_before_resuming_it(tmp_path
         doc = json.loads(status.stdout)
         assert "cluster_id" in doc and "redacted" not in doc  # the token was taken
     finally:
-        flotilla(tmp_path, "down", "--timeout", "5")
+        flotilla(tmp_path, "down", "--timeout", str(CLEANUP_TIMEOUT_S))

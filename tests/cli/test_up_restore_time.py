@@ -22,6 +22,7 @@ from tests.archive_node.support import (
     random_writes,
     wait_archived,
 )
+from tests.harness.cli import CLEANUP_TIMEOUT_S
 from tests.harness.cli import flotilla as run_flotilla
 
 UP_FAST = ["--election-timeout-ms", "500", "--heartbeat-ms", "50"]
@@ -112,7 +113,7 @@ def test_up_restores_the_state_at_a_time_on_every_member(local_cluster, tmp_path
                                      "json").stdout)
         assert status["cluster_id"] != old_id
     finally:
-        flotilla(tmp_path, "down", "--dir", str(root), "--timeout", "5")
+        flotilla(tmp_path, "down", "--dir", str(root), "--timeout", str(CLEANUP_TIMEOUT_S))
 
 
 @pytest.mark.timeout(90)

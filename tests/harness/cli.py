@@ -8,6 +8,13 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+#: Seconds that cleanup gives the members of a `flotilla up` cluster to exit on SIGTERM before
+#: they are killed (`flotilla down --timeout`, `LocalCluster.stop(timeout=...)`). A leader
+#: stopped together with every other member waits up to 5 s for a hand-over that cannot
+#: happen (docs/node.md, signals); cleanup checks nothing about the shutdown, so it does not
+#: wait for that. Tests of `down` and of a clean shutdown use the real timeouts.
+CLEANUP_TIMEOUT_S = 1
+
 
 def flotilla(*args: str, cwd: Path | None = None, stdin: bytes | None = None,
              timeout: float = 60, env: Mapping[str, str] | None = None, text: bool = False

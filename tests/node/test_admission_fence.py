@@ -24,6 +24,7 @@ from pathlib import Path
 
 from flotilla import local, scaling
 from flotilla.client import FlotillaError
+from tests.harness.cli import CLEANUP_TIMEOUT_S
 
 FAST = {"election_timeout_ms": 500, "heartbeat_ms": 50}
 LOST_DISK = "its disk was lost"
@@ -128,7 +129,7 @@ def test_a_lost_voter_is_fenced_until_it_is_removed_and_added_back(tmp_path: Pat
             if m.pid:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(m.pid, signal.SIGCONT)
-        cluster.stop(timeout=5)
+        cluster.stop(timeout=CLEANUP_TIMEOUT_S)
 
 
 def test_a_member_added_by_scaling_up_is_admitted_without_a_lost_disk_warning(tmp_path: Path):
@@ -147,4 +148,4 @@ def test_a_member_added_by_scaling_up_is_admitted_without_a_lost_disk_warning(tm
         assert log.count(WAITING) == 1, log
         assert log.count(ADMITTED) == 1, log
     finally:
-        local.LocalCluster.load(root).stop(timeout=5)
+        local.LocalCluster.load(root).stop(timeout=CLEANUP_TIMEOUT_S)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from flotilla import local
 from flotilla.client import Client
+from tests.harness.cli import CLEANUP_TIMEOUT_S
 
 FAST = {"election_timeout_ms": 500, "heartbeat_ms": 50}
 
@@ -56,4 +57,4 @@ def test_an_empty_member_does_not_elect_a_leader_that_lacks_an_acknowledged_writ
             if m.pid:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(m.pid, signal.SIGCONT)
-        cluster.stop(timeout=5)
+        cluster.stop(timeout=CLEANUP_TIMEOUT_S)

@@ -136,6 +136,13 @@ class ApiServer(kmock.KubernetesEmulator):
     - Lists honour `labelSelector` (equality terms, which is all the operator sends).
     - 201 for a create, and 422 (not 500) for a failed JSON-patch `test` operation, which kopf
       treats as a conflict to retry.
+    - A request leaves kmock's history of requests once it is answered. kmock finds the
+      reaction to a request by looking for that request (by identity) among every request it
+      has served, each one put through the reactions' filters: the cost of a request grew with
+      the number served before it, and a test's kmock spent most of its CPU on that. No test
+      reads the history; the requests under way (watches, say) stay in it, which is all the
+      lookup needs. (Request ids, the history's length at arrival, then repeat: kmock only
+      shows them.)
 
     `_handle` is private in kmock 0.8, but it is the only hook that runs before an object is
     stored; the request is completed in place because kmock routes by request identity.
@@ -161,6 +168,16 @@ class ApiServer(kmock.KubernetesEmulator):
             return await super()._handle(request)
         except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException) as exc:
             raise kmock.KubernetesError(status=422, reason="Invalid", message=str(exc)) from exc
+        finally:
+            self._forget(request)
+
+    def _forget(self, request: Any) -> None:
+        """Drop an answered request from kmock's history (see the class doc)."""
+        history = self._requests
+        for i in range(len(history) - 1, -1, -1):
+            if history[i] is request:
+                del history[i]
+                return
 
     def _complete(self, request: Any) -> None:
         data = request.data
@@ -273,6 +290,7 @@ class Kubelet:
         self.errors: list[str] = []
         self.job_runs: dict[str, JobRun] = {}  # Job name -> its current pod's process
         self.job_pods: list[str] = []  # Job pods in the order they were started
+        self._probe_contexts: dict[tuple[str, str] | None, ssl.SSLContext] = {}
         self.dns_file.write_text("{}")
 
     def start(self) -> Kubelet:
@@ -646,10 +664,9 @@ class Kubelet:
         env = self.envs.get(pod, {})
         context = None
         if env.get("FLOTILLA_CERT_FILE"):
-            context = ssl.create_default_context()
-            context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
-            if env.get("FLOTILLA_CLIENT_CERT_AUTH") == "true":
-                context.load_cert_chain(env["FLOTILLA_CERT_FILE"], env["FLOTILLA_KEY_FILE"])
+            shown = ((env["FLOTILLA_CERT_FILE"], env["FLOTILLA_KEY_FILE"])
+                     if env.get("FLOTILLA_CLIENT_CERT_AUTH") == "true" else None)
+            context = self._probe_context(shown)
         scheme = "https" if context is not None else "http"
         try:
             with urllib.request.urlopen(f"{scheme}://127.0.0.1:{client}/readyz", timeout=0.5,
@@ -657,6 +674,19 @@ class Kubelet:
                 return r.status == 200
         except OSError:
             return False
+
+    def _probe_context(self, shown: tuple[str, str] | None) -> ssl.SSLContext:
+        """The probe's TLS: no verification (so no CA certificates to load), and the member's
+        own certificate and key when it asks clients for one. Made once per certificate: a
+        pod's volumes are made afresh at each start, so a file's path names its content."""
+        context = self._probe_contexts.get(shown)
+        if context is None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+            context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+            if shown is not None:
+                context.load_cert_chain(*shown)
+            self._probe_contexts[shown] = context
+        return context
 
     def _kill(self, pod: str, sig: signal.Signals) -> None:
         proc = self.procs.pop(pod, None)

@@ -19,7 +19,7 @@ from flotilla.operator.planner import Record
 from flotilla import local, scaling
 from flotilla.cli import main as cli_main
 from tests.faults.support import KEYS, TracedHistory, TracedWorkload, diagnostics
-from tests.harness.cli import flotilla
+from tests.harness.cli import CLEANUP_TIMEOUT_S, flotilla
 from tests.harness.kvclient import read_final_reads
 from tests.harness.linearizability import check_final_state
 from tests.harness.polling import wait_for
@@ -33,7 +33,7 @@ def cluster_dir(tmp_path: Path):
     yield root
     if local.LocalCluster.exists(root):
         cluster = local.LocalCluster.load(root)
-        cluster.stop(timeout=5)
+        cluster.stop(timeout=CLEANUP_TIMEOUT_S)
 
 
 def checked_workload(root: Path, clients: int, seed: int) -> TracedWorkload:
@@ -198,4 +198,4 @@ def test_scale_5_3_5_with_the_default_relative_dir_under_load(tmp_path: Path):
                                    timeout=90)
         assert result.ok, f"{diagnostics(w)}\n{result.explain()}"
     finally:
-        _flotilla(tmp_path, "down", "--timeout", "5")
+        _flotilla(tmp_path, "down", "--timeout", str(CLEANUP_TIMEOUT_S))

@@ -85,7 +85,15 @@ FULL_SPEC: dict[str, Any] = {
 }
 
 
-DELETE = object()
+class _Delete:
+    """The marker for a removed field; its repr names it, so test ids are the same in every
+    process (pytest-xdist's workers must collect the same ids)."""
+
+    def __repr__(self) -> str:
+        return "DELETE"
+
+
+DELETE = _Delete()
 
 
 def with_field(path: str, value: Any) -> dict[str, Any]:
