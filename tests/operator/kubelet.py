@@ -150,6 +150,10 @@ class ApiServer(kmock.KubernetesEmulator):
 
     _versions: itertools.count = attrs.field(factory=lambda: itertools.count(2), init=False)
 
+    # (method, resource plural, name, whether it showed a token) of each answered request
+    # (see _forget), for the tests that count the operator's requests.
+    answered: list[tuple[str, str, str, bool]] = attrs.field(factory=list)
+
     async def _serve_list(self, request: Any) -> Any:
         payload = await super()._serve_list(request)
         selector = request.params.get("labelSelector", "")
@@ -172,7 +176,12 @@ class ApiServer(kmock.KubernetesEmulator):
             self._forget(request)
 
     def _forget(self, request: Any) -> None:
-        """Drop an answered request from kmock's history (see the class doc)."""
+        """Drop an answered request from kmock's history (see the class doc), keeping only
+        (method, resource plural, name, whether it showed a token) in `answered`, for the
+        tests that count the operator's requests."""
+        resource = request.resource
+        self.answered.append((request.method.value, resource.plural if resource else "",
+                              request.name or "", "Authorization" in request.headers))
         history = self._requests
         for i in range(len(history) - 1, -1, -1):
             if history[i] is request:
