@@ -8,6 +8,8 @@ of a scale. An entry is kept from the round that read the object (and applied it
 in line) until one of these:
 
 - a round renders something else for it: that round reads and applies it as before;
+- a round no longer renders it (spec.network.policy turned off): if it is rendered again, it
+  is read again;
 - a watch event shows the object deleted, or no longer in line with what was rendered (someone
   edited a field the operator sets): the entry goes, and the daemon is woken to repair it;
 - the safety interval: the daemon forgets every entry, so that round reads everything again,
