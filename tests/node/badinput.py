@@ -14,6 +14,7 @@ import re
 import socket
 import time
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -142,6 +143,15 @@ def raw_exchange(host: str, port: int, data: bytes, *, timeout: float = 5.0,
             if not read_until_close and _complete(received):
                 break
         return received
+
+
+def raw_exchanges(exchanges: Iterable[tuple[str, int, bytes]], **options: Any) -> list[bytes]:
+    """``raw_exchange(host, port, data, **options)`` for each of ``exchanges`` at the same time,
+    the answers in their order: exchanges that wait for members to close their connections
+    wait once, not once per member."""
+    exchanges = list(exchanges)
+    with ThreadPoolExecutor(len(exchanges)) as pool:
+        return list(pool.map(lambda e: raw_exchange(*e, **options), exchanges))
 
 
 def _complete(received: bytes) -> bool:

@@ -25,6 +25,7 @@ import ssl
 import threading
 import time
 import urllib.request
+import uuid
 from collections.abc import Callable
 from datetime import UTC
 from pathlib import Path
@@ -755,17 +756,19 @@ def cron_run(api, cronjob: dict[str, Any], scheduled: datetime.datetime, code: i
     """What the CronJob controller, the Job controller and the kubelet leave behind for one
     scheduled run that has ended: the Job, its pod with the container's exit code and
     termination message, and the CronJob's lastScheduleTime. The Job is created already
-    ended, so the stand-in Job controller (which would run the command) leaves it alone."""
+    ended, so the stand-in Job controller (which would run the command) leaves it alone; its
+    pod is created first, as a Job only ends once its pod has (the operator reads an ended
+    Job's pods once: created the other way round, it could find none)."""
     stamp = scheduled.strftime("%Y-%m-%dT%H:%M:%SZ")
     ended = (scheduled + datetime.timedelta(minutes=4)).strftime("%Y-%m-%dT%H:%M:%SZ")
     kind = "Complete" if code == 0 else "Failed"
     job = scheduled_job(cronjob, scheduled)
+    job["metadata"]["uid"] = str(uuid.uuid4())  # what the pod's owner reference names
     job["status"] = {"succeeded" if code == 0 else "failed": 1,
                      **({"completionTime": ended} if code == 0 else {}),
                      "conditions": [{"type": kind, "status": "True", "lastTransitionTime": ended,
                                      "reason": "CompletionsReached" if code == 0
                                      else "BackoffLimitExceeded"}]}
-    job = api.create(job)
     name = job["metadata"]["name"]
     template = cronjob["spec"]["jobTemplate"]["spec"]["template"]
     (container,) = template["spec"]["containers"]
@@ -781,6 +784,7 @@ def cron_run(api, cronjob: dict[str, Any], scheduled: datetime.datetime, code: i
             {"name": container["name"], "ready": False, "restartCount": 0, "state": {
                 "terminated": {"exitCode": code, "message": message, "finishedAt": ended,
                                "reason": "Completed" if code == 0 else "Error"}}}]}})
+    api.create(job)
     api.patch("CronJob", NS, cronjob["metadata"]["name"],
               {"status": {"lastScheduleTime": stamp}})
     return name
