@@ -11,15 +11,26 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 from urllib.parse import urlsplit
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_OUTSIDE = 0, 1, 2, 4
+from flotilla.cmdline import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    Parser,
+    emit,
+    non_negative,
+    positive,
+    print_table,
+    seconds,
+)
+
+EXIT_OUTSIDE = 4
 
 
 DESCRIPTION = "Flotilla: Raft replicated-state-machine clusters."
@@ -51,31 +62,7 @@ class UsageError(Exception):
     conflict together): one line on stderr and exit code 2, like argparse's own errors."""
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line on stderr: the synopsis argparse prints first
-    would push the reason off a small terminal, and `--help` is one flag away."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see `{self.prog} --help`)\n")
-
-
 # --- argument types -------------------------------------------------------------------------
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number >= 1, not {value}")
-    return value
-
-
-def _non_negative(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, not {text!r}")
-    return int(text)
 
 
 #: `flotilla up` names members n1..n99; with --base-port, clients listen at BASE+10+i.
@@ -83,31 +70,18 @@ MAX_REPLICAS, MAX_REPLICAS_FIXED_PORTS = 99, 10
 
 
 def _replicas(text: str) -> int:
-    value = _positive(text)
+    value = positive(text)
     if value > MAX_REPLICAS:
         raise argparse.ArgumentTypeError(f"at most {MAX_REPLICAS} members, not {value}")
     return value
 
 
 def _base_port(text: str) -> int:
-    value = _positive(text)
+    value = positive(text)
     top = 65535 - 10 - (MAX_REPLICAS_FIXED_PORTS - 1)
     if value > top:
         raise argparse.ArgumentTypeError(f"expected a port up to {top} (clients listen up to "
                                          f"BASE+19), not {value}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    """A duration that can bound a wait: finite and above zero (`0`, `nan` and `inf` would
-    give up at once, never, or compare false with every clock reading)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, like 5 or 0.5, not {text!r}") \
-            from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, not {text!r}")
     return value
 
 
@@ -174,7 +148,7 @@ def _add_find(p: argparse.ArgumentParser, timeout: float = 5.0) -> None:
     p.add_argument("--token", type=_word("token"), default=None,
                    help="the admin token sent as a bearer token (default: FLOTILLA_TOKEN, "
                         "else DIR/admin-token when it exists)")
-    p.add_argument("--timeout", type=_seconds, default=timeout,
+    p.add_argument("--timeout", type=seconds, default=timeout,
                    help=f"seconds a request may take, retries included (default {timeout:g})")
     p.add_argument("--cacert", dest="cacert_file", default=None, metavar="FILE",
                    help="verify https:// members against this CA (PEM) (default: "
@@ -193,7 +167,7 @@ def _add_output(p: argparse.ArgumentParser, choices: Sequence[str], default: str
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = Parser(
         prog="flotilla", description=DESCRIPTION, epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"flotilla {_version()}")
@@ -223,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --restore-from: which cluster of that archive (default: the "
                         "only one there), e.g. one `flotilla pipeline snapshot-at` published")
     point = p.add_mutually_exclusive_group()
-    point.add_argument("--restore-index", type=_positive, default=None,
+    point.add_argument("--restore-index", type=positive, default=None,
                        help="with --restore-from: exactly the state at this log index")
     point.add_argument("--restore-time", type=_time, default=None, metavar="T",
                        help="with --restore-from: the state after the last entry stamped at "
@@ -236,9 +210,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the members' replicated state machine (default: the built-in "
                         "key-value machine); the module must be importable, e.g. "
                         "flotilla.examples.counter:Counter")
-    p.add_argument("--election-timeout-ms", type=_positive, default=1000,
+    p.add_argument("--election-timeout-ms", type=positive, default=1000,
                    help="members' election timeout (default 1000)")
-    p.add_argument("--heartbeat-ms", type=_positive, default=100,
+    p.add_argument("--heartbeat-ms", type=positive, default=100,
                    help="members' heartbeat interval (default 100)")
     p.add_argument("--base-port", type=_base_port, default=None,
                    help="fixed ports: peers at BASE+i, clients at BASE+10+i (default: free "
@@ -247,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="TLS on both ports: a CA and one certificate per member under "
                         "DIR/tls/, https:// URLs, mutual TLS between members (a new cluster "
                         "only)")
-    p.add_argument("--timeout", type=_seconds, default=60.0,
+    p.add_argument("--timeout", type=seconds, default=60.0,
                    help="seconds to wait for a leader to serve (default 60)")
     p.set_defaults(run=cmd_up)
 
@@ -270,7 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "those still running after --timeout. Data dirs and logs are kept: "
                     "`flotilla up` resumes the cluster.")
     _add_dir(p)
-    p.add_argument("--timeout", type=_seconds, default=15.0,
+    p.add_argument("--timeout", type=seconds, default=15.0,
                    help="seconds to wait after SIGTERM before SIGKILL (default 15)")
     p.set_defaults(run=cmd_down)
 
@@ -284,9 +258,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "joint.")
     _add_dir(p)
     p.add_argument("replicas", type=_replicas, metavar="N", help="voters wanted")
-    p.add_argument("--timeout", type=_seconds, default=300.0,
+    p.add_argument("--timeout", type=seconds, default=300.0,
                    help="seconds to wait for the change to finish (default 300)")
-    p.add_argument("--catch-up-timeout", type=_seconds, default=600.0,
+    p.add_argument("--catch-up-timeout", type=seconds, default=600.0,
                    help="a learner still behind after this many seconds is removed and added "
                         "again, never promoted (default 600)")
     p.add_argument("--keep-removed-data", action="store_true",
@@ -307,7 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "and print the write's index.")
     p.add_argument("key", type=_key)
     p.add_argument("value", help="the value, or - to read it from stdin")
-    p.add_argument("--prev-index", type=_non_negative, default=None,
+    p.add_argument("--prev-index", type=non_negative, default=None,
                    help="compare-and-set: only if the key's mod index is this (0: must not "
                         "exist); exit 1 otherwise")
     _add_find(p)
@@ -330,7 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Print the keys starting with PREFIX, one per line, "
                                    "ascending (-o json|yaml: with the index they reflect).")
     p.add_argument("prefix", nargs="?", default="")
-    p.add_argument("--limit", type=_positive, default=None, help="at most this many keys")
+    p.add_argument("--limit", type=positive, default=None, help="at most this many keys")
     _add_find(p)
     _add_output(p, ("plain", "json", "yaml", "table"), "plain")
     p.set_defaults(run=cmd_kv_ls)
@@ -722,27 +696,6 @@ def _with_client(fn: Callable[[Any, argparse.Namespace], int]) -> Callable[..., 
     return run
 
 
-def _emit(doc: Any, output: str) -> None:
-    """A document as JSON or YAML on stdout (the formats of kubectl's and etcdctl's -o)."""
-    if output == "json":
-        print(json.dumps(doc, indent=2, sort_keys=True))
-        return
-    import yaml  # PyYAML: installed with the kubernetes client, a dependency of flotilla
-
-    sys.stdout.write(yaml.safe_dump(doc, sort_keys=True, default_flow_style=False,
-                                    allow_unicode=True))
-
-
-def _print_table(rows: list[dict[str, Any]]) -> None:
-    if not rows:
-        return
-    columns = list(rows[0])
-    widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in columns}
-    print("  ".join(f"{c:<{widths[c]}}" for c in columns).rstrip())
-    for r in rows:
-        print("  ".join(f"{r[c]!s:<{widths[c]}}" for c in columns).rstrip())
-
-
 # --- status ---------------------------------------------------------------------------------
 
 
@@ -773,7 +726,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                 raise
             except FlotillaError as exc:
                 raise CommandError(f"no leader answered: {exc}") from None
-            _emit(doc, args.output)
+            emit(doc, args.output)
             return EXIT_OK
         if cluster is not None:
             members = [(m.name, m.client_url) for m in cluster.members]
@@ -811,7 +764,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     where = f" in {_dir(args)}" if cluster is not None else ""
     print(f"cluster {cluster_id}{where}: {len(members)} members, leader "
           f"{leader or 'none known'}")
-    _print_table(rows)
+    print_table(rows)
     return EXIT_OK if leader else EXIT_FAILED
 
 
@@ -874,9 +827,9 @@ def cmd_kv_del(client, args: argparse.Namespace) -> int:
 def cmd_kv_ls(client, args: argparse.Namespace) -> int:
     result = client.list(args.prefix, limit=args.limit)
     if args.output in ("json", "yaml"):
-        _emit({"index": result.index, "keys": result.keys}, args.output)
+        emit({"index": result.index, "keys": result.keys}, args.output)
     elif args.output == "table":
-        _print_table([{"KEY": key} for key in result.keys])
+        print_table([{"KEY": key} for key in result.keys])
     else:
         out = sys.stdout
         for key in result.keys:
@@ -903,10 +856,10 @@ def cmd_member_list(client, args: argparse.Namespace) -> int:
                 "match_index": m.get("match_index")}
                for name, m in sorted((doc.get("members") or {}).items())]
     if args.output != "table":
-        _emit({"leader": doc.get("leader"), "term": doc.get("term"), "members": members},
+        emit({"leader": doc.get("leader"), "term": doc.get("term"), "members": members},
               args.output)
         return EXIT_OK
-    _print_table([{"NAME": m["name"], "ROLE": m["role"] or "?",
+    print_table([{"NAME": m["name"], "ROLE": m["role"] or "?",
                    "PEER URL": m["peer_url"] or "-", "CLIENT URL": m["client_url"] or "-",
                    "MATCH INDEX": "-" if m["match_index"] is None else m["match_index"]}
                   for m in members])
@@ -939,7 +892,7 @@ def cmd_leader_move(client, args: argparse.Namespace) -> int:
 def cmd_snapshot(client, args: argparse.Namespace) -> int:
     doc = client.snapshot()
     if args.output != "plain":
-        _emit(doc, args.output)
+        emit(doc, args.output)
         return EXIT_OK
     for field in ("index", "term", "bytes", "location"):
         print(f"{field}: {doc.get(field) if doc.get(field) is not None else '-'}")

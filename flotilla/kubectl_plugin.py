@@ -32,11 +32,12 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any
 from urllib.parse import urlencode
 
+from flotilla.cmdline import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Parser, emit, print_table, seconds
+
 PROG = "kubectl flotilla"
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 FIELD_MANAGER = "kubectl-flotilla"  # who wrote what the plugin creates
 LIVE_TIMEOUT = 2.0  # seconds a member may take to describe itself before it counts as unreachable
@@ -58,22 +59,7 @@ class UsageError(Exception):
     """Input the command cannot take: one line on stderr and exit code 2."""
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see `{self.prog} --help`)\n")
-
-
 # --- arguments ---------------------------------------------------------------------------------
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, not {text!r}")
-    return value
 
 
 def _index(text: str) -> int:
@@ -105,7 +91,7 @@ def _connection_flags(suppress: bool) -> argparse.ArgumentParser:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog=PROG, parents=[_connection_flags(False)],
+    parser = Parser(prog=PROG, parents=[_connection_flags(False)],
                      description="Flotilla RaftClusters from kubectl: status, snapshots, "
                                  "leadership, restores.",
                      epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -178,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_wait(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--timeout", type=_seconds, default=60.0,
+    p.add_argument("--timeout", type=seconds, default=60.0,
                    help="seconds to wait for the operator's answer (default 60)")
     p.add_argument("--no-wait", dest="wait", action="store_false",
                    help="write the request and return; `status` shows the answer")
@@ -340,8 +326,9 @@ def cmd_status(args: argparse.Namespace, target: Target) -> int:
     if args.output != "table":
         members = {name: (found.doc if found.doc is not None else
                           {"unreachable": found.problem}) for name, found in live.items()}
-        _emit({"name": args.name, "namespace": target.namespace, "status": status,
-               "members": members, **({"note": note} if note else {})}, args.output)
+        emit({"name": args.name, "namespace": target.namespace, "status": status,
+               "members": members, **({"note": note} if note else {})}, args.output,
+             sort_keys=False)
         return EXIT_OK
     _print_status(args.name, target.namespace, body, names, live, note)
     return EXIT_OK
@@ -473,7 +460,7 @@ def _print_status(name: str, namespace: str, body: Mapping[str, Any], names: lis
             "APPLIED": own.applied_index if own is not None else "-",
         })
     print()
-    _table(table)
+    print_table(table)
     if note:
         print(f"note: {note}")
     else:
@@ -484,7 +471,7 @@ def _print_status(name: str, namespace: str, body: Mapping[str, Any], names: lis
     conditions = status.get("conditions") or []
     if conditions:
         print()
-        _table([{"CONDITION": c.get("type", "?"), "STATUS": c.get("status", "?"),
+        print_table([{"CONDITION": c.get("type", "?"), "STATUS": c.get("status", "?"),
                  "REASON": c.get("reason", ""), "MESSAGE": c.get("message", "")}
                 for c in conditions])
     asked = status.get("requests") or {}
@@ -504,26 +491,6 @@ def _describe_archive(archive: Mapping[str, Any]) -> str:
             f"snapshot there at {archive.get('lastSnapshotIndex', 0)}")
     error = archive.get("error")
     return text + (f"; error: {error}" if error else "")
-
-
-def _table(rows: list[dict[str, Any]]) -> None:
-    if not rows:
-        return
-    columns = list(rows[0])
-    widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in columns}
-    print("  ".join(f"{c:<{widths[c]}}" for c in columns).rstrip())
-    for row in rows:
-        print("  ".join(f"{row[c]!s:<{widths[c]}}" for c in columns).rstrip())
-
-
-def _emit(doc: Any, output: str) -> None:
-    if output == "json":
-        print(json.dumps(doc, indent=2, sort_keys=True))
-        return
-    import yaml
-
-    sys.stdout.write(yaml.safe_dump(doc, sort_keys=False, default_flow_style=False,
-                                    allow_unicode=True))
 
 
 # --- requests: snapshot, move-leader --------------------------------------------------------------
@@ -647,7 +614,7 @@ def cmd_snapshot(args: argparse.Namespace, target: Target) -> int:
     if entry.get("outcome") != "Succeeded":
         raise PluginError(entry.get("message") or "the snapshot failed")
     if args.output != "plain":
-        _emit(entry, args.output)
+        emit(entry, args.output, sort_keys=False)
         return EXIT_OK
     where = entry.get("location") or "kept on the members (no archive)"
     print(f"snapshot of {args.name}: index {entry.get('index')}, term {entry.get('term')}, "
@@ -760,7 +727,7 @@ def cmd_restore(args: argparse.Namespace, target: Target) -> int:
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     if args.dry_run:
-        _emit(manifest, args.output)
+        emit(manifest, args.output, sort_keys=False)
         return EXIT_OK
     if target.kube.get("RaftCluster", target.namespace, args.new) is not None:
         raise PluginError(f"RaftCluster {args.new} already exists in namespace "
