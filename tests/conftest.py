@@ -23,6 +23,39 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         terminalreporter.write_line(line)
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist's --dist loadfile (each module's tests in one worker: modules share clusters
+    between their tests, and the simulation's last test checks what its chunks added up to),
+    with tests/pipeline as one unit: every test that uses the Spark session is there, and one
+    session then serves them all (a session costs a JVM's start and its memory, and Spark's
+    tasks take both cores)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class Scheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return "tests/pipeline" if scope.startswith("tests/pipeline/") else scope
+
+    return Scheduling(config, log)
+
+
+# Under pytest-xdist the summary lines are made in a worker: they travel to the controller in
+# the worker's output, and the controller prints them.
+def pytest_sessionfinish(session):
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:
+        output["flotilla_summary"] = session.config.stash.get(SUMMARY_KEY, [])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    lines = getattr(node, "workeroutput", {}).get("flotilla_summary", [])
+    node.config.stash.setdefault(SUMMARY_KEY, []).extend(lines)
+
+
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """Its Python workers fork from a daemon that keeps the environment of the moment Spark

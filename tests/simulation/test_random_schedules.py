@@ -76,7 +76,8 @@ class Outcome:
 
 @pytest.fixture(scope="module")
 def pool() -> Iterator[Pool]:
-    workers = min(2, os.cpu_count() or 1)
+    # Under pytest-xdist the other workers run tests of their own: one process here.
+    workers = 1 if os.environ.get("PYTEST_XDIST_WORKER") else min(2, os.cpu_count() or 1)
     with multiprocessing.get_context("fork").Pool(workers) as pool:
         yield pool
 
