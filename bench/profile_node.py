@@ -53,7 +53,8 @@ BUCKETS = [
     ("HTTP parsing (aiohttp parser, streams)",
      r"aiohttp/(http_parser|_http_parser|streams)\.py|data_received \(aiohttp/web_protocol"),
     ("client API handlers (node/http_api.py)", r"\((flotilla/)?node/http_api\.py"),
-    ("runtime loop (node/server.py)", r"\((flotilla/)?node/server\.py"),
+    ("runtime loop (node/runtime.py, executor.py, diskthread.py)",
+     r"\((flotilla/)?node/(runtime|executor|diskthread)\.py"),
     ("metrics (node/metrics.py)", r"\((flotilla/)?node/metrics\.py"),
     ("aiohttp request handling (web_*, helpers, http_writer)",
      r"aiohttp/(web_\w+|helpers|http_writer|abc|payload)\.py|multidict|yarl"),
@@ -233,8 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=int, default=10, help="sampling seconds (10)")
     p.add_argument("--warmup", type=float, default=3.0, help="seconds before sampling (3)")
     p.add_argument("--rate", type=int, default=100, help="samples per second (100)")
-    p.add_argument("--event-loop", choices=("asyncio", "uvloop"), default="asyncio",
-                   help="the members' FLOTILLA_EVENT_LOOP (asyncio)")
+    p.add_argument("--event-loop", choices=("asyncio", "uvloop"), default="uvloop",
+                   help="the members' FLOTILLA_EVENT_LOOP (uvloop, their default)")
     p.add_argument("--out", type=Path, required=True, help="where the profiles go")
     p.add_argument("--tag", default="", help="added to the file names (e.g. gil)")
     p.add_argument("--spy-args", default="--nonblocking",

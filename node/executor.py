@@ -1,5 +1,6 @@
-"""Carrying out one `Ready` batch of the consensus core: the four steps of its contract
-(persist, send, apply, advance) in the order the fields of `Ready` prescribe.
+"""Carrying out one `Ready` batch of the consensus core: the steps of its contract (send,
+persist, apply, advance) in the order the fields of `Ready` prescribe; committed entries are
+applied before the fsync is awaited, so their callers are answered while the disk works.
 
 One implementation serves every way a member runs. The member's runtime (runtime.py) awaits
 the disk in a worker thread; the simulator and the paper tests (tests/simulation,
@@ -69,12 +70,17 @@ class Executor:
         # 1. A leader's messages go out before its own write: followers persist in parallel.
         if rd.messages:
             self.send(rd.messages)
-        # 2. The snapshot, then the entries and the hard state; one fsync for all the entries
-        #    (group commit). The hard state is durable on return; appends only after `sync`.
-        #    Every durable write goes through `offload`: the loop never waits on the disk.
+        # 2. The snapshot; then (after 3.) the entries and the hard state, one fsync for all the
+        #    entries (group commit). The hard state is durable on return; appends only after
+        #    `sync`. Every durable write goes through `offload`: the loop never waits on the disk.
         if rd.snapshot is not None:
             await hooks.install_snapshot(rd.snapshot)
             await self.offload(storage.install_snapshot, rd.snapshot.meta)
+        # 3. Apply what is committed before waiting on the disk, as etcd's server does: a
+        #    committed entry is durable on a quorum already, whether or not this member's own
+        #    copy is synced yet, so its callers are answered while the disk works, not after.
+        if rd.committed_entries:
+            hooks.apply(rd.committed_entries)
         if rd.entries:
             appending = self.clock()
             storage.append(rd.entries)
@@ -85,14 +91,12 @@ class Executor:
             await self.offload(storage.sync)
             done = self.clock()
             hooks.persisted(rd.entries, done - appending, done - syncing)
-        # 3. Only now the messages that promise what was just written (votes, acknowledgements).
+        # 4. Only now the messages that promise what was just written (votes, acknowledgements).
         if rd.persisted_messages:
             self.send(rd.persisted_messages)
         if rd.soft_state is not None:
             hooks.soft_state_changed(rd.soft_state)
-        # 4. Apply what is committed, answer reads, and tell the core the batch is done.
-        if rd.committed_entries:
-            hooks.apply(rd.committed_entries)
+        # 5. Answer reads, and tell the core the batch is done.
         if rd.read_states or rd.failed_reads:
             hooks.reads(rd.read_states, rd.failed_reads)
         await hooks.before_advance(rd)

@@ -555,8 +555,7 @@ class ClientAPI:
 
     async def _commit(self, request: web.Request, command: bytes, body: bytes | None):
         try:
-            async with asyncio.timeout(REQUEST_TIMEOUT):  # no extra task, unlike wait_for
-                return await self.node.propose(command)
+            return await self.node.propose(command)  # TimeoutError after PROPOSAL_TIMEOUT_S
         except NotLeader:
             return await self._forward(request, body)
         except TransferInProgress as exc:
@@ -660,7 +659,9 @@ class ClientAPI:
             return web.json_response({"index": result["index"], "deleted": result["deleted"]},
                                      headers=headers)
         headers["Flotilla-Mod-Index"] = str(result["mod_index"])
-        return web.json_response({"index": result["index"]}, headers=headers)
+        # json_response's bytes without its encoder: every write is answered here
+        return web.Response(text=f'{{"index": {int(result["index"])}}}',
+                            content_type="application/json", headers=headers)
 
     async def _consistent(self, request: web.Request) -> int | web.Response:
         given = request.query.getall("consistency", [])

@@ -278,7 +278,10 @@ class Ready:
        appends and heartbeats, whose safety does not rest on the leader's own disk). A batch
        whose `hard_state` changed has none: no message may speak for an undurable term.
     3. `persisted_messages` may be sent only after step 1 is durable (votes, acknowledgements).
-    4. `committed_entries`: apply them in order, after step 1 (some may be in `entries`).
+    4. `committed_entries`: apply them in order, once step 1's snapshot is restored. They
+       need not wait for step 1's entries and hard state to be durable (some may be in
+       `entries`): a committed entry is durable on a quorum already. etcd's server, too,
+       applies while its WAL syncs.
     5. `read_states`: answer each once the applied index reaches its `index`; the reads in
        `failed_reads` cannot be served by this member now (no leader, leadership lost): retry.
     6. Call `advance(ready)` on the core: that is how it learns that step 1 is durable and
