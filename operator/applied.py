@@ -18,7 +18,10 @@ in line) until one of these:
 
 A round reads an object and remembers it later; an event about that object arriving in between
 may describe a change that the read did not see. Each key counts such events (`token`), and a
-round does not remember what it read before the count moved.
+round does not remember what it read before the count moved. One event in between is expected:
+the echo of the round's own apply. An event that shows the object in line with what the round
+is applying (`token` records it) is that echo, or as good as it, and moves nothing; without
+this the next round read the object again whenever the echo beat the round to `remember`.
 
 The StatefulSet is not kept here: each round reads it anyway, for its size and revision.
 """
@@ -85,6 +88,7 @@ class Applied:
     def __init__(self) -> None:
         self._rendered: dict[Key, dict[str, Any]] = {}
         self._events: dict[Key, int] = {}
+        self._applying: dict[Key, dict[str, Any]] = {}  # read and applied by a round now
         self._lock = threading.Lock()
 
     def unchanged(self, obj: Mapping[str, Any]) -> bool:
@@ -94,15 +98,19 @@ class Applied:
             return self._rendered.get(key_of(obj)) == obj
 
     def token(self, obj: Mapping[str, Any]) -> int:
-        """Taken before reading the object; handed back to `remember`."""
+        """Taken before reading the object (which the round then brings in line with `obj`);
+        handed back to `remember`."""
+        key = key_of(obj)
         with self._lock:
-            return self._events.get(key_of(obj), 0)
+            self._applying[key] = copy.deepcopy(dict(obj))
+            return self._events.get(key, 0)
 
     def remember(self, obj: Mapping[str, Any], token: int) -> None:
         """The object was read and is now in line with `obj`: unless an event about it came
-        in since `token` was taken."""
+        in since `token` was taken that showed it otherwise."""
         key = key_of(obj)
         with self._lock:
+            self._applying.pop(key, None)
             if self._events.get(key, 0) == token:
                 self._rendered[key] = copy.deepcopy(dict(obj))
 
@@ -116,6 +124,9 @@ class Applied:
             rendered = self._rendered.get(key)
             if rendered is not None and not deleted and in_line(rendered, body):
                 return False
+            applying = self._applying.get(key)
+            if applying is not None and not deleted and in_line(applying, body):
+                return False  # the echo of the round's own apply: it remembers the object
             self._rendered.pop(key, None)
             self._events[key] = self._events.get(key, 0) + 1
             return True
@@ -132,3 +143,4 @@ class Applied:
         """Every object is read again by the next round."""
         with self._lock:
             self._rendered.clear()
+            self._applying.clear()

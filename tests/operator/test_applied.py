@@ -150,6 +150,27 @@ def test_a_round_that_read_an_object_before_an_event_about_it_does_not_trust_the
     assert applied.unchanged(rendered) is True
 
 
+def test_the_echo_of_a_rounds_own_apply_before_it_remembers_costs_no_read_later():
+    """The round patches the bootstrap ConfigMap to `existing`; the watch event of that very
+    patch may arrive before the round remembers the object. It shows the object as the round
+    is making it: the round's read stands, nothing is woken, and the next round reads nothing
+    (a scale used to read the ConfigMap again when the echo won that race)."""
+    applied = Applied()
+    kube, _ = created_cluster(None)
+    old = copy.deepcopy(kube.objects[("ConfigMap", NS, "demo-bootstrap")])
+    rendered = copy.deepcopy(old)
+    rendered["data"]["initial-cluster-state"] = "existing"
+    token = applied.token(rendered)  # the round reads the old one and patches it...
+    echo = copy.deepcopy(rendered)
+    echo["metadata"]["resourceVersion"] = "42"
+    assert applied.observe("ConfigMap", echo, deleted=False) is False  # ...its echo...
+    applied.remember(rendered, token)  # ...and then the round remembers it
+    assert applied.unchanged(rendered) is True
+    # Once remembered, an event showing the old state is someone else's edit after all.
+    assert applied.observe("ConfigMap", old, deleted=False) is True
+    assert applied.unchanged(rendered) is False
+
+
 def test_after_forgetting_the_next_round_reads_every_object_again():
     applied = Applied()
     kube, obj = created_cluster(applied)
