@@ -16,15 +16,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import os
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
 
 from flotilla import logs
+from flotilla.cmdline import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Parser, seconds
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 DEFAULT_METRICS_PORT = 8081
 
 
@@ -55,23 +53,6 @@ def kubernetes_config_problem() -> str | None:
             "file (the one kubectl uses), or run the operator inside a cluster")
 
 
-class _Parser(argparse.ArgumentParser):
-    """A usage error is one line on stderr, as for every `flotilla` command."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see `{self.prog} --help`)\n")
-
-
-def _interval(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, not {text!r}")
-    return value
-
-
 def _port(text: str) -> int:
     if not text.strip().isdigit() or int(text) > 65535:
         raise argparse.ArgumentTypeError(f"expected a port number from 0 to 65535, not {text!r}")
@@ -94,7 +75,7 @@ def _log_level(text: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = Parser(
         prog="flotilla operator",
         description="Reconcile RaftCluster objects (flotilla.dev/v1alpha1) into StatefulSets, "
                     "Services and PodDisruptionBudgets, and drive membership changes through "
@@ -108,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--default-image", default=os.environ.get("FLOTILLA_DEFAULT_IMAGE"),
                    help="the image for RaftClusters without spec.image "
                         "(env FLOTILLA_DEFAULT_IMAGE)")
-    p.add_argument("--interval", type=_interval,
+    p.add_argument("--interval", type=seconds,
                    # a string default goes through the type too, so a bad env value is a
                    # usage error, not a traceback
                    default=os.environ.get("FLOTILLA_OPERATOR_INTERVAL") or "30",
