@@ -48,6 +48,7 @@ import gc
 import hashlib
 import os
 import signal
+import stat
 import threading
 import time
 from dataclasses import dataclass, field
@@ -370,6 +371,25 @@ def _gc_unfreeze() -> None:
         gc.unfreeze()
 
 
+def _close_sockets() -> None:  # pragma: no cover - runs in the forked child
+    """Close the child's copies of the member's sockets: its listening ports and its peer and
+    client connections. Held by a child writing a long snapshot, a port stays bound after the
+    member stops (its restart fails to listen) and a connection the member closes stays open
+    for the peer. Closing a copy shuts nothing down for the parent, which keeps its own."""
+    try:
+        fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:  # no /proc: the child keeps them until it exits
+        return
+    for fd in fds:
+        if fd <= 2:
+            continue
+        try:
+            if stat.S_ISSOCK(os.fstat(fd).st_mode):
+                os.close(fd)
+        except OSError:  # the listing's own descriptor, closed since
+            pass
+
+
 def _child_main(
     machine: StateMachine, target: SnapshotTarget, read_fd: int, write_fd: int
 ) -> None:  # pragma: no cover - runs in the forked child
@@ -384,6 +404,7 @@ def _child_main(
             signal.set_wakeup_fd(-1)
             for sig in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(sig, signal.SIG_DFL)
+        _close_sockets()
         machine.write_snapshot(target)  # type: ignore[arg-type]
         report = {"ok": True, "facts": target.seal()}
         status = 0

@@ -6,6 +6,7 @@ import hashlib
 import io
 import os
 import select
+import socket
 import time
 from typing import Any, BinaryIO
 
@@ -202,6 +203,27 @@ def test_cancel_kills_a_fork_child_and_discards_the_target(tmp_path):
     assert not path.exists()
     with pytest.raises(SnapshotError, match="cancelled"):
         job.poll()
+
+
+def test_a_fork_child_holds_none_of_the_members_sockets(tmp_path):
+    """While a child writes a long snapshot, the member's port is free again once the member
+    closes it (a restart can listen), and a connection the member closes ends for its peer."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    peer = socket.create_connection(("127.0.0.1", port))
+    accepted, _ = listener.accept()
+    job = start_snapshot(Slow(), FileTarget(tmp_path / "s"), method="fork")
+    try:
+        time.sleep(0.3)  # the child is in write_snapshot, with whatever it kept
+        listener.close()
+        accepted.close()
+        again = socket.create_server(("127.0.0.1", port))  # EADDRINUSE if the child held it
+        again.close()
+        peer.settimeout(5)
+        assert peer.recv(1) == b"", "the connection stayed open: the child holds its socket"
+    finally:
+        peer.close()
+        job.cancel()
 
 
 def test_cancel_stops_an_overlay_writer(tmp_path):
