@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,17 +30,29 @@ def pytest_xdist_make_scheduler(config, log):
     between their tests, and the simulation's last test checks what its chunks added up to),
     with tests/pipeline as one unit: every test that uses the Spark session is there, and one
     session then serves them all (a session costs a JVM's start and its memory, and Spark's
-    tasks take both cores)."""
+    tasks take both cores). That unit is the longest, so it is handed out first, and the other
+    worker runs the rest meanwhile (xdist's own order, by number of tests, left it for last:
+    one worker then ran it alone for minutes)."""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
+
+    config.option.loadscopereorder = False  # units in collection order, as arranged below
 
     class Scheduling(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
             scope = super()._split_scope(nodeid)
             return "tests/pipeline" if scope.startswith("tests/pipeline/") else scope
 
+
     return Scheduling(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    """In an xdist worker, the Spark tests come first (the scheduler hands units out in this
+    order; every worker collects the same order, which the scheduler's indexes rely on)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: not item.nodeid.startswith("tests/pipeline/"))  # stable
 
 
 # Under pytest-xdist the summary lines are made in a worker: they travel to the controller in
