@@ -47,8 +47,10 @@ Usage::
 
 etcd comes from ``apt-get install -y etcd-server`` (``--etcd PATH`` for another binary);
 PySyncObj from ``.venv/bin/pip install -e '.[bench]'`` (or ``pip install pysyncobj``).
-The load generator runs in this process (asyncio + aiohttp); its CPU use is printed with the
-numbers, because on a small machine it can be what limits the higher concurrency rows.
+The load generator runs in this process (aiohttp on uvloop; ``--generator-loop asyncio`` for
+the standard loop, which earlier runs used); its CPU use is printed with the numbers, because
+on a small machine it shares the cores with the members and can be what limits the higher
+concurrency rows. Every system is driven by the same generator on the same loop.
 """
 
 from __future__ import annotations
@@ -1021,6 +1023,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--flotilla-loop", default="",
                    help="comma-separated event loops to run Flotilla on, each a column of its "
                         "own in every pass: asyncio, uvloop (default: the node's own choice)")
+    p.add_argument("--generator-loop", choices=("uvloop", "asyncio"), default="uvloop",
+                   help="the load generator's event loop (default uvloop: the lighter the "
+                        "generator, the more of a small host's CPU the members get)")
     p.add_argument("--tls", nargs="?", const="on", default="off", choices=("off", "on", "both"),
                    help="mutual TLS between peers and TLS on the client port, for etcd and "
                         "Flotilla (--tls, or --tls on); --tls both: plain and TLS in one "
@@ -1130,7 +1135,8 @@ async def main_async(args: argparse.Namespace) -> int:
           f"{args.warmup:g}s warm-up, a fresh cluster per level, clients write to the leader; "
           f"CPU per write: user + system time in the measured window over the writes "
           f"committed in it{failover}{tls['both' if len(args.modes) == 2 else args.modes[0]]}"
-          f"{passes}; load average before the run: {load_before}, after: "
+          f"{passes}; load generator on {args.generator_loop}; load average before the "
+          f"run: {load_before}, after: "
           f"{_loadavg()}")
     print(render(runs, args.levels))
     if args.json:
@@ -1157,7 +1163,14 @@ def _loadavg() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return asyncio.run(main_async(parse_args(argv)))
+    args = parse_args(argv)
+    factory = None
+    if args.generator_loop == "uvloop":
+        import uvloop
+
+        factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(main_async(args))
 
 
 if __name__ == "__main__":
