@@ -553,9 +553,13 @@ class ClientAPI:
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             return unavailable(f"the leader did not answer ({exc.__class__.__name__}); retry")
 
-    async def _commit(self, request: web.Request, command: bytes, body: bytes | None):
+    async def _commit(self, request: web.Request, command: bytes, body: bytes | None, *,
+                      indexed: bool = False):
+        """The machine's result (with `indexed`, `(index, result)`), or the leader's answer
+        when this member forwarded the request."""
         try:
-            return await self.node.propose(command)  # TimeoutError after PROPOSAL_TIMEOUT_S
+            # TimeoutError after PROPOSAL_TIMEOUT_S
+            return await self.node.propose(command, indexed=indexed)
         except NotLeader:
             return await self._forward(request, body)
         except TransferInProgress as exc:

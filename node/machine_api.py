@@ -60,7 +60,7 @@ class MachineAPI:
             return _error(503, "no_leader", "no leader is known yet; the command was not "
                           "proposed: retry", **{"Retry-After": "1"})
         try:
-            result = await self.api._commit(request, body, body)
+            result = await self.api._commit(request, body, body, indexed=True)
         except Overloaded:
             raise  # refused before it was proposed: the usual 503 "overloaded"
         except (TimeoutError, Unavailable) as exc:
@@ -71,7 +71,9 @@ class MachineAPI:
                           "again", **{"Retry-After": "1"})
         if isinstance(result, web.Response):  # forwarded to the leader, or refused
             return result
-        return self._answer(result, "apply", "the command was applied, but its result")
+        index, value = result
+        return self._answer(value, "apply", "the command was applied, but its result",
+                            {"Flotilla-Index": str(index)})
 
     async def query(self, request: web.Request) -> web.Response:
         node = self.api.node
@@ -107,5 +109,5 @@ class MachineAPI:
             return _error(500, "not_json",
                           f"{what} is not JSON: the state machine {self.machine_name} returned "
                           f"a {type(value).__name__} from {method} ({exc}); return lists, "
-                          "dicts, strings, numbers, booleans or None")
+                          "dicts, strings, numbers, booleans or None", **(headers or {}))
         return web.Response(text=text, content_type="application/json", headers=headers)

@@ -200,9 +200,10 @@ class Runtime:
         self._inbox.extend(messages)
         self._wakeup.set()
 
-    async def propose(self, command: bytes) -> Any:
-        """Commit `command` through the log and return the state machine's result; TimeoutError
-        when it is not applied within PROPOSAL_TIMEOUT_S (it may still be, later)."""
+    async def propose(self, command: bytes, *, indexed: bool = False) -> Any:
+        """Commit `command` through the log and return the state machine's result (with
+        `indexed`, `(index, result)`); TimeoutError when it is not applied within
+        PROPOSAL_TIMEOUT_S (it may still be, later)."""
         try:
             index = self._take(command)
         except NotLeader:
@@ -217,7 +218,8 @@ class Runtime:
         self._pending_bytes += len(command)
         self.metrics.proposals += 1
         self._wakeup.set()
-        return await fut
+        result = await fut
+        return (index, result) if indexed else result
 
     def _take(self, command: bytes) -> int:
         """Append `command` to the leader's log, or raise why not."""

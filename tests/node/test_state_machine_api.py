@@ -34,8 +34,13 @@ def test_command_and_query_answers_over_http(tmp_path):
         ready(c)
         ok = post(c, "/v1/command", b"one")
         assert ok.status == 200 and ok.json() == {"count": 1}
+        index = int(ok.headers["flotilla-index"])  # the command's own log index
+        assert index >= 2  # after the leader's no-op
+        local = post(c, "/v1/query?consistency=serializable", b"null")
+        assert int(local.headers["flotilla-index"]) >= index
         raw = post(c, "/v1/command", b"bytes")
         assert raw.status == 500 and raw.json()["code"] == "not_json"
+        assert int(raw.headers["flotilla-index"]) == index + 1  # applied, all the same
         assert "the command was applied" in raw.json()["error"]
         assert AWKWARD in raw.json()["error"]
         big = post(c, "/v1/command", b"x" * 101)
