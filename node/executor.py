@@ -70,9 +70,7 @@ class Executor:
         # 1. A leader's messages go out before its own write: followers persist in parallel.
         if rd.messages:
             self.send(rd.messages)
-        # 2. The snapshot; then (after 3.) the entries and the hard state, one fsync for all the
-        #    entries (group commit). The hard state is durable on return; appends only after
-        #    `sync`. Every durable write goes through `offload`: the loop never waits on the disk.
+        # 2. The snapshot, restored and durable before anything after it.
         if rd.snapshot is not None:
             await hooks.install_snapshot(rd.snapshot)
             await self.offload(storage.install_snapshot, rd.snapshot.meta)
@@ -81,6 +79,9 @@ class Executor:
         #    copy is synced yet, so its callers are answered while the disk works, not after.
         if rd.committed_entries:
             hooks.apply(rd.committed_entries)
+        # 4. The entries and the hard state, one fsync for all the entries (group commit). The
+        #    hard state is durable on return; appends only after `sync`. Every durable write
+        #    goes through `offload`: the loop never waits on the disk.
         if rd.entries:
             appending = self.clock()
             storage.append(rd.entries)
@@ -91,12 +92,12 @@ class Executor:
             await self.offload(storage.sync)
             done = self.clock()
             hooks.persisted(rd.entries, done - appending, done - syncing)
-        # 4. Only now the messages that promise what was just written (votes, acknowledgements).
+        # 5. Only now the messages that promise what was just written (votes, acknowledgements).
         if rd.persisted_messages:
             self.send(rd.persisted_messages)
         if rd.soft_state is not None:
             hooks.soft_state_changed(rd.soft_state)
-        # 5. Answer reads, and tell the core the batch is done.
+        # 6. Answer reads, and tell the core the batch is done.
         if rd.read_states or rd.failed_reads:
             hooks.reads(rd.read_states, rd.failed_reads)
         await hooks.before_advance(rd)

@@ -553,13 +553,11 @@ class ClientAPI:
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             return unavailable(f"the leader did not answer ({exc.__class__.__name__}); retry")
 
-    async def _commit(self, request: web.Request, command: bytes, body: bytes | None, *,
-                      indexed: bool = False):
-        """The machine's result (with `indexed`, `(index, result)`), or the leader's answer
-        when this member forwarded the request."""
+    async def _commit(self, request: web.Request, command: bytes, body: bytes | None):
+        """`(index, result)` of the command, or the leader's answer when this member
+        forwarded the request. TimeoutError after the runtime's PROPOSAL_TIMEOUT_S."""
         try:
-            # TimeoutError after PROPOSAL_TIMEOUT_S
-            return await self.node.propose(command, indexed=indexed)
+            return await self.node.propose(command)
         except NotLeader:
             return await self._forward(request, body)
         except TransferInProgress as exc:
@@ -621,10 +619,10 @@ class ClientAPI:
         client, seq = session
         command = encode_put(key, body, ts=int(time.time() * 1000), prev_index=prev,
                              client=client, seq=seq)
-        result = await self._commit(request, command, body)
-        if isinstance(result, web.Response):
-            return result
-        return self._write_answer(result)
+        committed = await self._commit(request, command, body)
+        if isinstance(committed, web.Response):
+            return committed
+        return self._write_answer(committed[1])
 
     async def delete(self, request: web.Request) -> web.Response:
         if not isinstance(self.node.machine, KVStateMachine):
@@ -637,10 +635,10 @@ class ClientAPI:
             return session
         client, seq = session
         command = encode_delete(key, ts=int(time.time() * 1000), client=client, seq=seq)
-        result = await self._commit(request, command, None)
-        if isinstance(result, web.Response):
-            return result
-        return self._write_answer(result)
+        committed = await self._commit(request, command, None)
+        if isinstance(committed, web.Response):
+            return committed
+        return self._write_answer(committed[1])
 
     @staticmethod
     def _write_answer(result: dict[str, Any]) -> web.Response:

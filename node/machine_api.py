@@ -60,7 +60,7 @@ class MachineAPI:
             return _error(503, "no_leader", "no leader is known yet; the command was not "
                           "proposed: retry", **{"Retry-After": "1"})
         try:
-            result = await self.api._commit(request, body, body, indexed=True)
+            result = await self.api._commit(request, body, body)
         except Overloaded:
             raise  # refused before it was proposed: the usual 503 "overloaded"
         except (TimeoutError, Unavailable) as exc:

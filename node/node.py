@@ -131,10 +131,10 @@ class Node:
 
     # --- clients ---------------------------------------------------------------------------
 
-    async def propose(self, command: bytes, *, indexed: bool = False) -> Any:
-        """Commit `command` and return the machine's result, with `indexed` as `(index,
-        result)` (NotLeader on a follower)."""
-        return await self.runtime.propose(command, indexed=indexed)
+    async def propose(self, command: bytes) -> tuple[int, Any]:
+        """Commit `command`: its log index and the machine's result (NotLeader on a
+        follower)."""
+        return await self.runtime.propose(command)
 
     async def read_barrier(self) -> int:
         return await self.runtime.read_barrier()

@@ -21,7 +21,6 @@ methods.
 from __future__ import annotations
 
 import asyncio
-import collections
 import itertools
 import logging
 import time
@@ -88,6 +87,7 @@ class _Proposal:
     term: int
     future: asyncio.Future
     size: int
+    deadline: float  # loop time after which the caller is told the outcome is unknown
 
 
 class Runtime:
@@ -122,8 +122,6 @@ class Runtime:
         self._heard_clients: dict[str, str] = {}  # leader: client URLs members reported
         self._proposals: dict[int, _Proposal] = {}
         self._pending_bytes = 0
-        # (deadline, future) of each proposal, oldest first (one timeout for all: in order).
-        self._deadlines: collections.deque[tuple[float, asyncio.Future]] = collections.deque()
         self._read_ids = itertools.count(1)
         self._reads: dict[int, asyncio.Future] = {}
         # Reads still waiting for a read index, and when it was last asked for.
@@ -200,10 +198,10 @@ class Runtime:
         self._inbox.extend(messages)
         self._wakeup.set()
 
-    async def propose(self, command: bytes, *, indexed: bool = False) -> Any:
-        """Commit `command` through the log and return the state machine's result (with
-        `indexed`, `(index, result)`); TimeoutError when it is not applied within
-        PROPOSAL_TIMEOUT_S (it may still be, later)."""
+    async def propose(self, command: bytes) -> tuple[int, Any]:
+        """Commit `command` through the log: its index and the state machine's result.
+        TimeoutError when it is not applied within PROPOSAL_TIMEOUT_S (it may still be,
+        later)."""
         try:
             index = self._take(command)
         except NotLeader:
@@ -213,13 +211,12 @@ class Runtime:
             raise
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
-        self._proposals[index] = _Proposal(self.core.term, fut, len(command))
-        self._deadlines.append((loop.time() + PROPOSAL_TIMEOUT_S, fut))
+        self._proposals[index] = _Proposal(self.core.term, fut, len(command),
+                                           loop.time() + PROPOSAL_TIMEOUT_S)
         self._pending_bytes += len(command)
         self.metrics.proposals += 1
         self._wakeup.set()
-        result = await fut
-        return (index, result) if indexed else result
+        return index, await fut
 
     def _take(self, command: bytes) -> int:
         """Append `command` to the leader's log, or raise why not."""
@@ -332,12 +329,14 @@ class Runtime:
 
     def _expire_proposals(self, now: float) -> None:
         """Fail the writes proposed over PROPOSAL_TIMEOUT_S ago that are still waiting. Their
-        entries stay in the log and may yet commit: the caller learns the outcome is unknown."""
-        deadlines = self._deadlines
-        while deadlines and deadlines[0][0] <= now:
-            fut = deadlines.popleft()[1]
-            if not fut.done():
-                fut.set_exception(TimeoutError(
+        entries stay in the log (and in `_proposals`, until applied) and may yet commit: the
+        caller learns the outcome is unknown. Proposals are in index order, hence deadline
+        order: the sweep stops at the first one still in time."""
+        for p in self._proposals.values():
+            if p.deadline > now:
+                return
+            if not p.future.done():
+                p.future.set_exception(TimeoutError(
                     f"the write was not committed within {PROPOSAL_TIMEOUT_S:g} s"))
 
     async def _run(self) -> None:
