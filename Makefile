@@ -77,7 +77,7 @@ chart-docs: $(README_GENERATOR)
 
 # pytest exits 5 when it collected no test: that must fail CI, not pass it.
 test: setup
-	@echo "==> $(PY) -m pytest in two workers (about 11 minutes on 2 cores; the 25 slowest tests are listed)"
+	@echo "==> $(PY) -m pytest in two workers (about 10 minutes on 2 cores; the 25 slowest tests are listed)"
 	@HELM=$${HELM:-$(CURDIR)/$(HELM_DIR)/package/bin/helm} \
 	README_GENERATOR=$${README_GENERATOR:-$(CURDIR)/$(README_GENERATOR)} $(PY) -m pytest -n 2 --dist loadfile --durations=25; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; \

@@ -857,12 +857,12 @@ def cmd_member_list(client, args: argparse.Namespace) -> int:
                for name, m in sorted((doc.get("members") or {}).items())]
     if args.output != "table":
         emit({"leader": doc.get("leader"), "term": doc.get("term"), "members": members},
-              args.output)
+             args.output)
         return EXIT_OK
     print_table([{"NAME": m["name"], "ROLE": m["role"] or "?",
-                   "PEER URL": m["peer_url"] or "-", "CLIENT URL": m["client_url"] or "-",
-                   "MATCH INDEX": "-" if m["match_index"] is None else m["match_index"]}
-                  for m in members])
+                  "PEER URL": m["peer_url"] or "-", "CLIENT URL": m["client_url"] or "-",
+                  "MATCH INDEX": "-" if m["match_index"] is None else m["match_index"]}
+                 for m in members])
     return EXIT_OK
 
 

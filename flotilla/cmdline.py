@@ -1,5 +1,5 @@
-"""What `flotilla` and `kubectl flotilla` share: an ArgumentParser whose usage errors are one
-line, the argument types, and how a document or a table goes to stdout."""
+"""What `flotilla`, `flotilla operator` and `kubectl flotilla` share: an ArgumentParser whose
+usage errors are one line, the argument types, and how a document or a table goes to stdout."""
 
 from __future__ import annotations
 

@@ -92,9 +92,9 @@ def _connection_flags(suppress: bool) -> argparse.ArgumentParser:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog=PROG, parents=[_connection_flags(False)],
-                     description="Flotilla RaftClusters from kubectl: status, snapshots, "
-                                 "leadership, restores.",
-                     epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                    description="Flotilla RaftClusters from kubectl: status, snapshots, "
+                                "leadership, restores.",
+                    epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"{PROG} {_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
     flags = [_connection_flags(True)]

@@ -64,28 +64,18 @@ class Members:
 
     def observe(self, members: Iterable[str]
                 ) -> tuple[dict[str, MemberStatus | None], dict[str, int | None]]:
-        """Each member's status (as `statuses`) and the serial number of the certificate it
+        """Each member's own /v1/status, parsed (None when it does not answer, or answers
+        with something that is not a status), and the serial number of the certificate it
         serves on its client port (None when it does not answer, or speaks plain HTTP), all
         asked at once."""
         names = list(members)
         if not names:
             return {}, {}
-        if self.ssl_context is None:
-            return self.statuses(names), dict.fromkeys(names)
         with ThreadPoolExecutor(max_workers=min(16, 2 * len(names))) as pool:
             statuses = [pool.submit(self.status, n) for n in names]
             serials = [pool.submit(self.served_serial, n) for n in names]
             return ({n: f.result() for n, f in zip(names, statuses, strict=True)},
                     {n: f.result() for n, f in zip(names, serials, strict=True)})
-
-    def statuses(self, members: Iterable[str]) -> dict[str, MemberStatus | None]:
-        """Each member's own /v1/status, parsed (None when it does not answer, or answers
-        with something that is not a status), asked in parallel."""
-        names = list(members)
-        if not names:
-            return {}
-        with ThreadPoolExecutor(max_workers=min(8, len(names))) as pool:
-            return dict(zip(names, pool.map(self.status, names), strict=True))
 
     def status(self, member: str) -> MemberStatus | None:
         url = self.client_url(member)

@@ -132,7 +132,7 @@ def _reconcile(kube: Kube, body: Mapping[str, Any], *, default_image: str,
     record = _record(old)
     # What every round observes of Kubernetes, asked at once: the calls do not depend on
     # each other (pods and volumes are not used before a restore's Job has succeeded).
-    sts, pod_list, claim_list = _at_once(
+    sts, pod_list, claims = _at_once(
         lambda: kube.get("StatefulSet", spec.namespace, spec.name),
         lambda: kube.list("Pod", spec.namespace, spec.selector),
         lambda: kube.list("PersistentVolumeClaim", spec.namespace, spec.selector))
@@ -151,7 +151,6 @@ def _reconcile(kube: Kube, body: Mapping[str, Any], *, default_image: str,
         return _blocked(spec, old, problem, events)
     size = int((sts or {}).get("spec", {}).get("replicas") or 0)
     pods = {p["metadata"]["name"]: p for p in pod_list}
-    claims = claim_list
     pvcs = {p["metadata"]["name"] for p in claims}
     highest = max([_ordinal(n) + 1 for n in [*pods, *(v[5:] for v in pvcs)]] or [0])
     names = spec.member_names(max(spec.replicas, size, highest))

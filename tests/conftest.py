@@ -37,13 +37,12 @@ def pytest_xdist_make_scheduler(config, log):
         return None
     from xdist.scheduler import LoadFileScheduling
 
-    config.option.loadscopereorder = False  # units in collection order, as arranged below
+    config.option.loadscopereorder = False  # units in collection order (modifyitems below)
 
     class Scheduling(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
             scope = super()._split_scope(nodeid)
             return "tests/pipeline" if scope.startswith("tests/pipeline/") else scope
-
 
     return Scheduling(config, log)
 
