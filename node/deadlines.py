@@ -93,7 +93,15 @@ class _DeadlineHandler(RequestHandler):
 
 
 class DeadlineSite(web.TCPSite):
-    """A TCP site whose connections get HEADER_TIMEOUT, BODY_TIMEOUT and IDLE_TIMEOUT."""
+    """A TCP site whose connections get HEADER_TIMEOUT, BODY_TIMEOUT and IDLE_TIMEOUT.
+
+    `lane`, when given, makes each connection's first protocol: `lane.protocols(handler)`
+    takes the factory of aiohttp's handler and returns the one of the lane's connections
+    (client_lane.ClientLane), which serve what they can and hand the rest over."""
+
+    def __init__(self, *args: Any, lane: Any = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._lane = lane
 
     async def start(self) -> None:
         await web.BaseSite.start(self)
@@ -106,6 +114,7 @@ class DeadlineSite(web.TCPSite):
                       **server._kwargs}
             return _DeadlineHandler(server, loop=loop, **kwargs)
 
+        factory = handler if self._lane is None else self._lane.protocols(handler)
         self._server = await loop.create_server(
-            handler, self._host, self._port, ssl=self._ssl_context, backlog=self._backlog,
+            factory, self._host, self._port, ssl=self._ssl_context, backlog=self._backlog,
             reuse_address=self._reuse_address, reuse_port=self._reuse_port)

@@ -86,6 +86,49 @@ def bad_request(sentence: str) -> web.Response:
     return error(400, "bad_request", sentence)
 
 
+def refusal(exc: BaseException) -> tuple[int, str, str, dict[str, str]] | None:
+    """(status, code, sentence, headers) of the error answering a request that failed with
+    `exc`, for the failures a member expects; None for anything else (a 500)."""
+    if isinstance(exc, Overloaded):
+        return 503, "overloaded", str(exc), {"Retry-After": "1"}
+    if isinstance(exc, (NoSpace, DiskFullError)):  # 507 Insufficient Storage (RFC 4918)
+        return 507, "no_space", str(exc), {}
+    if isinstance(exc, (Unavailable, TransferInProgress)):
+        return 503, "unavailable", str(exc), {"Retry-After": "1"}
+    if isinstance(exc, TimeoutError):
+        return (503, "unavailable", "the cluster did not answer in time; retry",
+                {"Retry-After": "1"})
+    return None
+
+
+JSON_TYPE = "application/json; charset=utf-8"
+
+
+def write_outcome(result: dict[str, Any]) -> tuple[int, bytes, dict[str, str]]:
+    """A committed PUT or DELETE's answer from the machine's result: status, JSON body and
+    headers (Content-Type aside, always JSON_TYPE)."""
+    headers = {"Flotilla-Index": str(result["index"])}
+    err = result.get("error")
+    if err == "precondition_failed":
+        headers["Flotilla-Mod-Index"] = str(result["mod_index"])
+        doc = {"error": f"the key's mod index is {result['mod_index']}, not the prev_index "
+                        "given", "code": "precondition_failed"}
+        return 412, json.dumps(doc).encode(), headers
+    if err == "stale_sequence":
+        doc = {"error": f"Flotilla-Seq is older than this client's last ({result['last_seq']})"
+                        " and its outcome is no longer kept", "code": "stale_sequence"}
+        return 409, json.dumps(doc).encode(), headers
+    if err is not None:
+        doc = {"error": result.get("reason", err), "code": err}
+        return 400, json.dumps(doc).encode(), headers
+    if "deleted" in result:
+        doc = {"index": result["index"], "deleted": result["deleted"]}
+        return 200, json.dumps(doc).encode(), headers
+    headers["Flotilla-Mod-Index"] = str(result["mod_index"])
+    # json.dumps's bytes without its encoder: every write is answered here
+    return 200, b'{"index": %d}' % result["index"], headers
+
+
 def _unexpected(request: web.Request, exc: Exception) -> web.Response:
     """The last resort of both ports' error middlewares: never a bare 500 or a traceback."""
     if isinstance(exc, ConnectionResetError):
@@ -484,16 +527,12 @@ class ClientAPI:
             if exc.status >= 400:
                 return _http_exception(request, exc)
             raise
-        except Overloaded as exc:
-            return error(503, "overloaded", str(exc), **{"Retry-After": "1"})
-        except (NoSpace, DiskFullError) as exc:  # 507 Insufficient Storage (RFC 4918)
-            return error(507, "no_space", str(exc))
-        except Unavailable as exc:
-            return unavailable(str(exc))
-        except TimeoutError:
-            return unavailable("the cluster did not answer in time; retry")
         except Exception as exc:
-            return _unexpected(request, exc)
+            known = refusal(exc)
+            if known is None:
+                return _unexpected(request, exc)
+            status, code, sentence, headers = known
+            return error(status, code, sentence, **headers)
 
     # --- helpers -----------------------------------------------------------------------
 
@@ -560,8 +599,6 @@ class ClientAPI:
             return await self.node.propose(command)
         except NotLeader:
             return await self._forward(request, body)
-        except TransferInProgress as exc:
-            return unavailable(str(exc))
 
     @staticmethod
     def _session(request: web.Request) -> tuple[str | None, int | None] | web.Response:
@@ -642,28 +679,9 @@ class ClientAPI:
 
     @staticmethod
     def _write_answer(result: dict[str, Any]) -> web.Response:
-        headers = {"Flotilla-Index": str(result["index"])}
-        err = result.get("error")
-        if err == "precondition_failed":
-            headers["Flotilla-Mod-Index"] = str(result["mod_index"])
-            return web.json_response(
-                {"error": f"the key's mod index is {result['mod_index']}, not the prev_index "
-                          "given", "code": "precondition_failed"}, status=412, headers=headers)
-        if err == "stale_sequence":
-            return web.json_response(
-                {"error": f"Flotilla-Seq is older than this client's last ({result['last_seq']})"
-                          " and its outcome is no longer kept", "code": "stale_sequence"},
-                status=409, headers=headers)
-        if err is not None:
-            return web.json_response({"error": result.get("reason", err), "code": err},
-                                     status=400, headers=headers)
-        if "deleted" in result:
-            return web.json_response({"index": result["index"], "deleted": result["deleted"]},
-                                     headers=headers)
-        headers["Flotilla-Mod-Index"] = str(result["mod_index"])
-        # json_response's bytes without its encoder: every write is answered here
-        return web.Response(text=f'{{"index": {int(result["index"])}}}',
-                            content_type="application/json", headers=headers)
+        status, body, headers = write_outcome(result)
+        headers["Content-Type"] = JSON_TYPE
+        return web.Response(status=status, body=body, headers=headers)
 
     async def _consistent(self, request: web.Request) -> int | web.Response:
         given = request.query.getall("consistency", [])

@@ -28,6 +28,7 @@ from flotilla.node.storage.space import disk_full
 from flotilla import logs
 
 from . import config, restore, tls
+from .client_lane import ClientLane
 from .deadlines import DeadlineSite
 from .http_api import ClientAPI, peer_app
 from .node import Node
@@ -110,16 +111,19 @@ async def _listen(node: Node) -> list[web.AppRunner]:
     cfg = node.cfg
     runners: list[web.AppRunner] = []
     tls_contexts = node.tls
-    for app, (host, port), flag, context in (
-            (peer_app(node), cfg.listen_peer, "--listen-peer", tls_contexts.peer_server),
-            (ClientAPI(node).app(), cfg.listen_client, "--listen-client",
-             tls_contexts.client_server)):
+    client_app = ClientAPI(node).app()
+    client_lane = ClientLane(node)
+    client_app.on_cleanup.append(client_lane.close)
+    for app, (host, port), flag, context, lane in (
+            (peer_app(node), cfg.listen_peer, "--listen-peer", tls_contexts.peer_server, None),
+            (client_app, cfg.listen_client, "--listen-client", tls_contexts.client_server,
+             client_lane)):
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         runners.append(runner)
         try:
             await runner.setup()
-            await DeadlineSite(runner, host, port, reuse_address=True,
-                               ssl_context=context).start()
+            await DeadlineSite(runner, host, port, reuse_address=True, ssl_context=context,
+                               lane=lane).start()
         except OSError as exc:
             for opened in runners:
                 await opened.cleanup()

@@ -136,6 +136,10 @@ class Node:
         follower)."""
         return await self.runtime.propose(command)
 
+    def submit(self, command: bytes) -> tuple[int, asyncio.Future]:
+        """`propose` without the wait: the index and the future of its result."""
+        return self.runtime.submit(command)
+
     async def read_barrier(self) -> int:
         return await self.runtime.read_barrier()
 

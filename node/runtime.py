@@ -202,6 +202,13 @@ class Runtime:
         """Commit `command` through the log: its index and the state machine's result.
         TimeoutError when it is not applied within PROPOSAL_TIMEOUT_S (it may still be,
         later)."""
+        index, fut = self.submit(command)
+        return index, await fut
+
+    def submit(self, command: bytes) -> tuple[int, asyncio.Future]:
+        """`propose` without the wait: append `command` and return its index and the future
+        the loop resolves with the machine's result (or TimeoutError, Unavailable). Raises at
+        once why it cannot be appended (NotLeader, Overloaded, NoSpace...)."""
         try:
             index = self._take(command)
         except NotLeader:
@@ -216,7 +223,7 @@ class Runtime:
         self._pending_bytes += len(command)
         self.metrics.proposals += 1
         self._wakeup.set()
-        return index, await fut
+        return index, fut
 
     def _take(self, command: bytes) -> int:
         """Append `command` to the leader's log, or raise why not."""

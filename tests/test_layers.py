@@ -29,10 +29,12 @@ CONSENSUS_PUBLIC = {
 CONSENSUS_MODULES_ALLOWED = {"flotilla.node.consensus", "flotilla.node.consensus.types",
                              "flotilla.node.consensus.membership"}
 INTERNAL_NODE_MODULES = {"runtime", "executor", "bootstrap", "snapshotting"}
-OUTSIDERS = [NODE / "http_api.py", NODE / "machine_api.py", NODE / "archiver.py",
+OUTSIDERS = [NODE / "http_api.py", NODE / "client_lane.py", NODE / "machine_api.py",
+             NODE / "archiver.py",
              *sorted((ROOT / "operator").glob("*.py")), *sorted((ROOT / "pipeline").glob("*.py")),
              *sorted((ROOT / "flotilla").glob("*.py"))]
-FACADE_USERS = [NODE / "http_api.py", NODE / "machine_api.py", NODE / "archiver.py"]
+FACADE_USERS = [NODE / "http_api.py", NODE / "client_lane.py", NODE / "machine_api.py",
+                NODE / "archiver.py"]
 PARTS = {"core", "runtime", "storage", "executor", "snapshots", "_snapshot", "progress"}
 
 

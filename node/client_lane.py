@@ -1,0 +1,396 @@
+"""The client port's lane for plain writes: a leader's `PUT` and `DELETE /v1/kv/{key}` served
+by the connection's protocol itself, without aiohttp's per-request machinery.
+
+aiohttp spends about 50 us of the leader's CPU on every request (parsing into a Request,
+routing, middleware, a Response and its serialisation): a third of what a write costs the
+leader at 64 clients (`bench/http_overhead.py`, `bench/profile_node.py`). Every connection on
+the client port starts here. A request is served in this lane only when it is, byte for byte,
+the common case:
+
+- `HTTP/1.1`, `PUT` or `DELETE`, a target `/v1/kv/<key>` of unreserved and percent-encoded
+  characters only (no query), a key of valid UTF-8 within MAX_KEY_BYTES (dot segments are
+  part of the key, as in the full API: the path is taken as sent);
+- headers of token names and visible ASCII values, a single Content-Length within the value
+  limit (a PUT has one, a DELETE none or 0), no Transfer-Encoding, Expect or Upgrade, no
+  `Connection` but keep-alive, valid Flotilla-Client and Flotilla-Seq if any;
+- this member leads and runs the key-value machine.
+
+Anything else (another route, a query, a follower's request to forward, a request with
+anything unusual or wrong, a half-closed connection with a request incomplete) hands the
+connection over to aiohttp's handler with every byte received so far, and it stays there: the
+answer, and every check and error, is then exactly the full API's. So the lane only has to be
+right about what it accepts, and `tests/node/test_client_lane.py` sends the same requests down
+both paths and compares what was written and answered.
+
+The lane keeps the port's deadlines (deadlines.py): the head within HEADER_TIMEOUT of its first
+byte, a body that keeps coming within BODY_TIMEOUT, an idle connection closed after
+IDLE_TIMEOUT; one timer per connection, re-armed lazily. Requests sent before their answers
+(pipelining) are answered in order, one at a time; reading pauses while a request's worth of
+bytes waits behind the one being served, and while the client does not read its answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable
+from email.utils import formatdate
+from http import HTTPStatus
+from typing import Any
+from urllib.parse import unquote_to_bytes
+
+from aiohttp.http import SERVER_SOFTWARE
+from flotilla.node.consensus import NotLeader
+from flotilla.node.statemachine.kv import KVStateMachine, encode_delete, encode_put
+
+from .deadlines import BODY_TIMEOUT, HEADER_TIMEOUT, IDLE_TIMEOUT
+from .http_api import (
+    JSON_TYPE,
+    KV_PREFIX,
+    MAX_KEY_BYTES,
+    MAX_URL_BYTES,
+    MAX_WHOLE,
+    refusal,
+    write_outcome,
+)
+from .node import Node
+
+log = logging.getLogger(__name__)
+
+#: The metric's route label, the same as aiohttp's route pattern gives.
+KV_ROUTE = KV_PREFIX + "{key}"
+#: A head longer than this (without its end) goes to aiohttp, which judges it.
+HEAD_LIMIT = MAX_URL_BYTES + 8192
+
+_TOKEN = b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+# RFC 3986 unreserved characters, '%' of an escape and '/': no query, fragment or sub-delims
+_PATH = b"-._~%/0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+_VISIBLE = bytes(range(0x20, 0x7F)) + b"\t"
+_PUNT = object()  # "hand the connection to aiohttp"
+_REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
+
+
+def _may_be_ours(part: bytearray) -> bool:
+    """Whether an incomplete head may still become a request the lane serves: what aiohttp
+    would refuse at once (a bare CR or LF, another method or path) goes to it at once too,
+    rather than wait for an end of head that may never come."""
+    whole = part[:-1] if part.endswith(b"\r") else part  # a CRLF may be arriving in halves
+    if whole.count(b"\r") != whole.count(b"\n") or whole.count(b"\r\n") != whole.count(b"\n"):
+        return False
+    start = bytes(part[:14])
+    return any(start.startswith(p) or p.startswith(start)
+               for p in (b"PUT /v1/kv/", b"DELETE /v1/kv/"))
+
+
+class ClientLane:
+    """What the client port's connections share: the member, the way to make aiohttp's
+    handler for a connection handed over, and the connections still in the lane."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.handler_factory: Callable[[], asyncio.Protocol] | None = None
+        self.max_body = node.cfg.max_value_bytes
+        self.connections: set[LaneConnection] = set()
+        self._date_second = -1
+        self._date = b""
+
+    def protocols(self, handler_factory: Callable[[], asyncio.Protocol]
+                  ) -> Callable[[], LaneConnection]:
+        """The port's protocol factory, given the one of aiohttp's handler."""
+        self.handler_factory = handler_factory
+        return lambda: LaneConnection(self)
+
+    def date(self) -> bytes:
+        now = int(time.time())
+        if now != self._date_second:
+            self._date_second = now
+            self._date = formatdate(now, usegmt=True).encode()
+        return self._date
+
+    def answer(self, status: int, body: bytes, headers: dict[str, str]) -> bytes:
+        """The bytes of a JSON answer with aiohttp's headers (Date, Server, Content-Length)."""
+        extra = b"".join(b"%s: %s\r\n" % (name.encode(), value.encode("latin-1"))
+                         for name, value in headers.items())
+        return (b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\n%sContent-Length: %d\r\n"
+                b"Date: %s\r\nServer: %s\r\n\r\n%s"
+                % (status, _REASONS.get(status, b"Unknown"), JSON_TYPE.encode(), extra,
+                   len(body), self.date(), SERVER_SOFTWARE.encode(), body))
+
+    def error(self, status: int, code: str, sentence: str, headers: dict[str, str]) -> bytes:
+        return self.answer(status, json.dumps({"error": sentence, "code": code}).encode(),
+                           headers)
+
+    async def close(self, _app: Any = None) -> None:
+        """Close the connections still in the lane (the port is shutting down)."""
+        for connection in list(self.connections):
+            connection.close()
+
+
+class LaneConnection(asyncio.Protocol):
+    """One client connection, until it is handed over to aiohttp."""
+
+    def __init__(self, lane: ClientLane) -> None:
+        self.lane = lane
+        self.loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.buf = bytearray()
+        self.need = 0  # the size of the request whose head is read and body is still coming
+        self.busy = False  # a request is being served: no other is read until it is answered
+        self.eof = False
+        self.write_paused = False
+        self.read_paused = False
+        self.handed: asyncio.Protocol | None = None
+        # One deadline at a time (header, body or idle), checked by one lazily re-armed timer.
+        self.due: float | None = None
+        self.timer: asyncio.TimerHandle | None = None
+
+    # --- asyncio.Protocol ------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.lane.connections.add(self)
+        self._arm(IDLE_TIMEOUT)
+
+    def data_received(self, data: bytes) -> None:
+        if self.handed is not None:  # not expected once the transport has the new protocol
+            self.handed.data_received(data)
+            return
+        first = not self.buf
+        self.buf += data
+        if self.busy or self.write_paused:
+            if len(self.buf) > self.lane.max_body + HEAD_LIMIT and not self.read_paused:
+                self.read_paused = True
+                self.transport.pause_reading()
+            return
+        if first:
+            self._arm(HEADER_TIMEOUT)  # the head must be whole this long after its first byte
+        elif len(self.buf) < self.need:
+            self._arm(BODY_TIMEOUT)  # the body keeps coming: its deadline moves on
+            return
+        self._serve()
+
+    def eof_received(self) -> bool | None:
+        if self.handed is not None:
+            return self.handed.eof_received()
+        self.eof = True
+        if self.busy or self.write_paused:
+            return True  # answer what was asked, then close
+        if self.need:  # a write's head came, and the end of its body never will
+            self.buf.clear()
+            self.transport.write(self.lane.error(
+                400, "bad_request", "the connection closed before the whole request arrived",
+                {}))
+        # (A head still incomplete is no request to answer: complete heads the lane does not
+        # serve were handed over already.)
+        return None  # the transport closes
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self.handed is not None:
+            self.handed.connection_lost(exc)
+            return
+        self.lane.connections.discard(self)
+        self.transport = None
+        self.due = None
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        if not self.busy and self.transport is not None:
+            self._serve()
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    # --- deadlines -------------------------------------------------------------------------
+
+    def _arm(self, seconds: float) -> None:
+        self.due = due = self.loop.time() + seconds
+        timer = self.timer
+        if timer is not None:
+            if timer.when() <= due:
+                return  # it fires first and moves itself on to `due`
+            timer.cancel()
+        self.timer = self.loop.call_at(due, self._expire)
+
+    def _expire(self) -> None:
+        self.timer = None
+        if self.due is None or self.transport is None or self.handed is not None:
+            return
+        if self.loop.time() < self.due:
+            self.timer = self.loop.call_at(self.due, self._expire)
+            return
+        self.transport.close()  # as aiohttp's deadlines do: no answer to a late request
+
+    # --- serving ---------------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        """Serve the complete requests buffered, in order, until one is under way."""
+        while not self.busy and not self.write_paused and self.transport is not None:
+            if not self.buf:
+                if self.eof:
+                    self.transport.close()
+                else:
+                    self._arm(IDLE_TIMEOUT)
+                return
+            self.need = 0
+            request = self._parse()
+            if request is None:  # incomplete: wait for more (the deadline set stands)
+                return
+            if request is _PUNT:
+                self._hand_over()
+                return
+            self._start(*request)
+        if self.read_paused and len(self.buf) <= self.lane.max_body + HEAD_LIMIT \
+                and self.transport is not None:
+            self.read_paused = False
+            self.transport.resume_reading()
+
+    def _parse(self) -> Any:
+        """The next request as (size, method, key, body, client, seq); None while it is
+        incomplete; _PUNT for anything the lane does not serve."""
+        buf = self.buf
+        end = buf.find(b"\r\n\r\n", 0, HEAD_LIMIT)
+        if end < 0:
+            return _PUNT if len(buf) >= HEAD_LIMIT or not _may_be_ours(buf) else None
+        lines = buf[:end].split(b"\r\n")
+        parts = lines[0].split(b" ")
+        if len(parts) != 3 or parts[2] != b"HTTP/1.1":
+            return _PUNT
+        method, target = parts[0], parts[1]
+        if method != b"PUT" and method != b"DELETE":
+            return _PUNT
+        if not target.startswith(b"/v1/kv/") or len(target) == 7 or target.translate(None, _PATH):
+            return _PUNT
+        length = client = seq = None
+        for line in lines[1:]:
+            name, colon, value = line.partition(b":")
+            if not colon or not name or name.translate(None, _TOKEN):
+                return _PUNT
+            value = value.strip(b" \t")
+            if value.translate(None, _VISIBLE):
+                return _PUNT
+            name = name.lower()
+            if name == b"content-length":
+                if length is not None or not value.isdigit() or len(value) > 19:
+                    return _PUNT
+                length = int(value)
+            elif name == b"flotilla-client":
+                if client is not None or not value:
+                    return _PUNT
+                client = value.decode()
+            elif name == b"flotilla-seq":
+                if (seq is not None or not value.isdigit() or len(value) > 19
+                        or not 1 <= int(value) <= MAX_WHOLE):
+                    return _PUNT
+                seq = int(value)
+            elif name == b"connection":
+                if value.lower() != b"keep-alive":
+                    return _PUNT
+            elif name in (b"transfer-encoding", b"expect", b"upgrade"):
+                return _PUNT
+        if (client is None) != (seq is None):
+            return _PUNT
+        if method == b"PUT":
+            if length is None or length > self.lane.max_body:
+                return _PUNT
+        elif length:
+            return _PUNT
+        node = self.lane.node
+        if not node.is_leader() or not isinstance(node.machine, KVStateMachine):
+            return _PUNT  # forwarding, and other machines' answers, are the full API's
+        try:
+            key = unquote_to_bytes(bytes(target[7:])).decode("utf-8")
+        except UnicodeDecodeError:
+            return _PUNT
+        if len(key.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:
+            return _PUNT
+        size = end + 4 + (length or 0)
+        if len(buf) < size:
+            self.need = size
+            self._arm(BODY_TIMEOUT)  # the body must keep coming
+            return None
+        return size, method, key, bytes(buf[end + 4:size]), client, seq
+
+    def _start(self, size: int, method: bytes, key: str, body: bytes, client: str | None,
+               seq: int | None) -> None:
+        started = time.perf_counter()
+        ts = int(time.time() * 1000)
+        if method == b"PUT":
+            command = encode_put(key, body, ts=ts, client=client, seq=seq)
+            name = "PUT"
+        else:
+            command = encode_delete(key, ts=ts, client=client, seq=seq)
+            name = "DELETE"
+        try:
+            _index, fut = self.lane.node.submit(command)
+        except NotLeader:
+            self._hand_over()  # the full API forwards it
+            return
+        except Exception as exc:
+            del self.buf[:size]
+            self._answer(name, started, None, exc)
+            return
+        del self.buf[:size]
+        self.busy = True
+        self.due = None  # the member owes the answer now, not the client
+        fut.add_done_callback(lambda f: self._done(f, name, started))
+
+    def _done(self, fut: asyncio.Future, name: str, started: float) -> None:
+        self.busy = False
+        if self.buf:
+            self._arm(HEADER_TIMEOUT)  # the next request's bytes are here already
+        if fut.cancelled():
+            self._answer(name, started, None, TimeoutError())
+        elif (exc := fut.exception()) is not None:
+            self._answer(name, started, None, exc)
+        else:
+            self._answer(name, started, fut.result(), None)
+        if self.transport is not None:
+            self._serve()
+
+    def _answer(self, method: str, started: float, result: dict[str, Any] | None,
+                exc: BaseException | None) -> None:
+        lane = self.lane
+        if exc is None:
+            status, body, headers = write_outcome(result)  # type: ignore[arg-type]
+            data = lane.answer(status, body, headers)
+        else:
+            known = refusal(exc)
+            if known is None:
+                log.error("%s %s failed", method, KV_ROUTE, exc_info=exc)
+                known = (500, "internal", f"this member failed on {method} {KV_ROUTE}; its log "
+                         "says why", {})
+            status = known[0]
+            data = lane.error(*known)
+        lane.node.metrics.request(method, KV_ROUTE, status, time.perf_counter() - started)
+        if self.transport is not None:
+            self.transport.write(data)
+
+    def _hand_over(self) -> None:
+        """Give the connection, and every byte received on it so far, to aiohttp."""
+        transport = self.transport
+        assert transport is not None and not self.busy
+        self.lane.connections.discard(self)
+        self.due = None
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if self.read_paused:
+            self.read_paused = False
+            transport.resume_reading()
+        assert self.lane.handler_factory is not None
+        handler = self.lane.handler_factory()
+        self.handed = handler
+        handler.connection_made(transport)
+        transport.set_protocol(handler)
+        data, self.buf = bytes(self.buf), bytearray()
+        if data:
+            handler.data_received(data)

@@ -1,0 +1,492 @@
+"""The client port's lane (node/client_lane.py) against aiohttp's full API, byte for byte.
+
+Two servers run in this process on loopback, each with the member's real client app
+(`ClientAPI`) in front of the same stand-in for the member (it records each command proposed
+and answers as a leader that commits at once): one is the plain aiohttp port, the other the
+port as members run it, every connection starting in the lane. The same raw requests go to
+both, on fresh connections, and the two must answer the same (status, headers but Date, body)
+and propose the same commands (their timestamps aside). Requests come from a fixed list of the
+odd and the hostile, and from a grammar (hypothesis) that mixes valid and invalid parts.
+
+Further down, the lane's own duties on real connections: pipelined requests answered in
+order, a connection that turns to other routes handed over whole, a head sent a byte at a
+time, the deadlines, a write answered on a half-closed connection, and the refusals of a
+member that cannot take the write (503 and 507, from the member's real exceptions).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from aiohttp import web
+from flotilla.node.alarms import NoSpace
+from flotilla.node.client_lane import KV_ROUTE, ClientLane
+from flotilla.node.consensus import NotLeader, TransferInProgress
+from flotilla.node.deadlines import DeadlineSite
+from flotilla.node.http_api import ClientAPI
+from flotilla.node.node import Overloaded
+from flotilla.node.statemachine.kv import KVStateMachine, decode_command
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+MAX_VALUE = 4096
+
+
+class StandIn:
+    """What the client API asks of a member, as a leader that commits every command at once.
+
+    `refuse` set to an exception makes the next proposals raise it (as Runtime.submit does
+    when it cannot append); `hold` keeps their futures unresolved until `release()`."""
+
+    def __init__(self) -> None:
+        self.cfg = SimpleNamespace(max_value_bytes=MAX_VALUE, admin_token="t" * 32)
+        self.machine = KVStateMachine()
+        self.metrics = SimpleNamespace(request=self._timed)
+        self.requests: list[tuple[str, str, int]] = []
+        self.commands: list[Any] = []
+        self.refuse: BaseException | None = None
+        self.hold = False
+        self.held: list[asyncio.Future] = []
+        self.leading = True
+        self.admin_token_file = None
+
+    def _timed(self, method: str, route: str, status: int, _seconds: float) -> None:
+        self.requests.append((method, route, status))
+
+    @property
+    def applied(self) -> int:
+        return len(self.commands)
+
+    def is_leader(self) -> bool:
+        return self.leading
+
+    def leader(self) -> str | None:
+        return "n0" if self.leading else None
+
+    def leader_client_url(self) -> str | None:
+        return None
+
+    def submit(self, command: bytes) -> tuple[int, asyncio.Future]:
+        if not self.leading:
+            raise NotLeader(None)
+        if self.refuse is not None:
+            raise self.refuse
+        decoded = decode_command(command)
+        self.commands.append(decoded._replace(ts=0))
+        index = len(self.commands)
+        fut = asyncio.get_running_loop().create_future()
+        result = ({"index": index, "deleted": False} if decoded.op == "DELETE" else
+                  {"index": index, "mod_index": index})
+        if self.hold:
+            self.held.append(fut)
+            fut.result_to_give = result  # type: ignore[attr-defined]
+        else:
+            fut.set_result(result)
+        return index, fut
+
+    def release(self) -> None:
+        for fut in self.held:
+            fut.set_result(fut.result_to_give)  # type: ignore[attr-defined]
+        self.held.clear()
+
+    async def propose(self, command: bytes) -> tuple[int, Any]:
+        index, fut = self.submit(command)
+        return index, await fut
+
+    async def read_barrier(self) -> int:
+        return self.applied
+
+
+class Port:
+    """A client port on loopback in a thread of its own, with or without the lane."""
+
+    def __init__(self, lane: bool) -> None:
+        self.node = StandIn()
+        self.loop = asyncio.new_event_loop()
+        self.lane = lane
+        started = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(started,), daemon=True)
+        self.thread.start()
+        assert started.wait(10)
+
+    def _run(self, started: threading.Event) -> None:
+        asyncio.set_event_loop(self.loop)
+
+        async def setup() -> None:
+            app = ClientAPI(self.node).app()  # type: ignore[arg-type]
+            self.runner = web.AppRunner(app, access_log=None, handle_signals=False)
+            await self.runner.setup()
+            lane = ClientLane(self.node) if self.lane else None  # type: ignore[arg-type]
+            site = DeadlineSite(self.runner, "127.0.0.1", 0, lane=lane)
+            await site.start()
+            self.port = site._server.sockets[0].getsockname()[1]
+
+        self.loop.run_until_complete(setup())
+        started.set()
+        self.loop.run_forever()
+
+    def call(self, fn: Any) -> Any:
+        """Run `fn` on the port's loop and return its result."""
+        done = threading.Event()
+        box: list[Any] = []
+
+        def run() -> None:
+            box.append(fn())
+            done.set()
+
+        self.loop.call_soon_threadsafe(run)
+        assert done.wait(10)
+        return box[0]
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def ports() -> Iterator[tuple[Port, Port]]:
+    plain, laned = Port(lane=False), Port(lane=True)
+    try:
+        yield plain, laned
+    finally:
+        plain.close()
+        laned.close()
+
+
+def read_answer(sock: socket.socket, wait: float) -> tuple[list[tuple[int, list, bytes]], bool]:
+    """The answers read until a final one (interim 1xx kept), and whether the server closed."""
+    sock.settimeout(wait)
+    buf, answers = b"", []
+    while True:
+        end = buf.find(b"\r\n\r\n")
+        if end >= 0:
+            head = buf[:end].decode("latin-1").split("\r\n")
+            status = int(head[0].split(" ")[1])
+            headers = sorted((k.lower(), v.strip()) for k, _, v in
+                             (line.partition(":") for line in head[1:]))
+            length = int(dict(headers).get("content-length", 0))
+            if len(buf) >= end + 4 + length:
+                answers.append((status, [h for h in headers if h[0] != "date"],
+                                buf[end + 4:end + 4 + length]))
+                buf = buf[end + 4 + length:]
+                if status >= 200:
+                    return answers, False
+                continue
+        try:
+            data = sock.recv(65536)
+        except (TimeoutError, ConnectionResetError):
+            return answers, True
+        if not data:
+            return answers, True
+        buf += data
+
+
+def exchange(port: Port, raw: bytes, wait: float = 2.0) -> tuple[Any, list, list]:
+    """Send `raw` on a new connection: (answers, commands proposed, metric records)."""
+    commands_before = len(port.node.commands)
+    records_before = len(port.node.requests)
+    with socket.create_connection(("127.0.0.1", port.port)) as sock:
+        sock.sendall(raw)
+        answers, _closed = read_answer(sock, wait)
+    time.sleep(0.01)  # the metric is recorded just after the answer is written
+    return (answers, port.node.commands[commands_before:],
+            port.node.requests[records_before:])
+
+
+def same_everywhere(ports: tuple[Port, Port], raw: bytes) -> tuple[Any, list]:
+    plain, laned = ports
+    want = exchange(plain, raw)
+    got = exchange(laned, raw)
+    assert got[0] == want[0], (raw[:300], got[0], want[0])
+    assert got[1] == want[1], (raw[:300], got[1], want[1])
+    assert got[2] == want[2], (raw[:300], got[2], want[2])
+    return want[0], want[1]
+
+
+def request(method: str = "PUT", target: str = "/v1/kv/a", body: bytes = b"v",
+            headers: list[str] | None = None, version: str = "HTTP/1.1",
+            length: bool = True) -> bytes:
+    lines = [f"{method} {target} {version}", "Host: x"]
+    if length:
+        lines.append(f"Content-Length: {len(body)}")
+    lines += headers or []
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+ODD = [
+    request(),
+    request(body=b""),
+    request(body=b"x" * MAX_VALUE),
+    request(body=b"x" * (MAX_VALUE + 1)),
+    request("DELETE", body=b"", length=False),
+    request("DELETE", body=b""),
+    request("DELETE", body=b"zz"),
+    request("GET", body=b"", length=False),
+    request("put"),
+    request("POST"),
+    request(version="HTTP/1.0"),
+    request(target="/v1/kv/"),
+    request(target="/v1/kv"),
+    request(target="/v1/kv/a?prev_index=0"),
+    request(target="/v1/kv/a?prev_index=x"),
+    request(target="/v1/kv/a#frag"),
+    request(target="/v1/kv/enc%2Fslash"),
+    request(target="/v1/kv/%E2%82%AC"),
+    request(target="/v1/kv/%FF"),
+    request(target="/v1/kv/%zz"),
+    request(target="/v1/kv/%"),
+    request(target="/v1/kv/a/../b"),
+    request(target="/v1/kv/a/%2E%2E/b"),
+    request(target="/v1/kv/./a"),
+    request(target="/v1/kv/a//b"),
+    request(target="/v1/kv/" + "k" * 4096),
+    request(target="/v1/kv/" + "k" * 4097),
+    request(target="/v1/kv/" + "%C3%A9" * 2048),
+    request(target="/v1/kv/" + "%C3%A9" * 2049),
+    request(target="http://x/v1/kv/a"),
+    request(target="/v1/kv/a b"),
+    request(target="/v1/kv/a\tb"),
+    request(target="/v1/kv/ümlaut"),
+    request(headers=["Flotilla-Client: c1", "Flotilla-Seq: 1"]),
+    request(headers=["Flotilla-Client: c1"]),
+    request(headers=["Flotilla-Seq: 1"]),
+    request(headers=["Flotilla-Client: ", "Flotilla-Seq: 1"]),
+    request(headers=["Flotilla-Client: c1", "Flotilla-Seq: 0"]),
+    request(headers=["Flotilla-Client: c1", "Flotilla-Seq: 007"]),
+    request(headers=["Flotilla-Client: c1", "Flotilla-Seq: +7"]),
+    request(headers=["Flotilla-Client: c1", "Flotilla-Seq: 9223372036854775808"]),
+    request(headers=["Flotilla-Client: c1", "Flotilla-Seq: 9223372036854775807"]),
+    request(headers=["Flotilla-Client: c1", "Flotilla-Client: c2", "Flotilla-Seq: 3"]),
+    request(headers=["Flotilla-Client: c1", "Flotilla-Seq: 3", "Flotilla-Seq: 4"]),
+    request(headers=["Flotilla-Client: c\u00e9", "Flotilla-Seq: 3"]),
+    request(headers=["Content-Length: 1"]),
+    request(headers=["Content-Length: 2"], body=b"vv"[:1]) + b"v",
+    request(body=b"abc", length=False, headers=["Content-Length: +3"]),
+    request(body=b"abc", length=False, headers=["Content-Length:  3 "]),
+    request(body=b"abc", length=False, headers=["Content-Length: 03"]),
+    request(body=b"abc", length=False, headers=["content-length: 3"]),
+    request(headers=["Connection: close"]),
+    request(headers=["Connection: keep-alive"]),
+    request(headers=["Connection: Keep-Alive"]),
+    request(headers=["Connection: upgrade", "Upgrade: websocket"]),
+    request(headers=["Expect: 100-continue"]),
+    request(headers=["Expect: 100-continue"], body=b"x" * (MAX_VALUE + 1)),
+    request(headers=["Expect: magic"]),
+    request(body=b"", length=False, headers=["Transfer-Encoding: chunked"])
+    + b"1\r\nv\r\n0\r\n\r\n",
+    request(headers=["X-Name : v"]),
+    request(headers=["X-Folded: a", " b"]),
+    request(headers=["X-Bin: \x01"]),
+    request(headers=["X-Latin: \u00e9"]),
+    request(headers=["Content-Type: application/json", "Accept: */*", "User-Agent: t"]),
+    request(headers=["Flotilla-Forwarded: n1"]),
+    b"PUT /v1/kv/a HTTP/1.1\nContent-Length: 1\n\nv",
+    b"PUT /v1/kv/a HTTP/1.1\r\nContent-Length: 1\nX: y\r\n\r\nv",
+    b"PUT  /v1/kv/a HTTP/1.1\r\nContent-Length: 1\r\n\r\nv",
+    b"PUT /v1/kv/a HTTP/1.1 \r\nContent-Length: 1\r\n\r\nv",
+    b"\r\nPUT /v1/kv/a HTTP/1.1\r\nContent-Length: 1\r\n\r\nv",
+    b"PUT /v1/kv/a\x00 HTTP/1.1\r\nContent-Length: 1\r\n\r\nv",
+    b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03" + bytes(range(40)) + b"\r\n\r\n",
+    request(target="/v1/kv/p1") + request(target="/v1/kv/p2"),
+    request(target="/v1/kv/p1") + request("GET", "/v1/kv/p1", b"", length=False),
+]
+
+
+@pytest.mark.parametrize("raw", ODD, ids=range(len(ODD)))
+def test_the_lane_answers_as_the_full_api_does(ports, raw):
+    same_everywhere(ports, raw)
+
+
+KEY_PARTS = st.sampled_from(["a", "b/c", "%2F", "%41", "%e2%82%ac", "%C3", "%zz", "%", ".",
+                             "..", "/", "~", "-", "_", "?x=1", "#", ";", "+", " ", "\u00e9",
+                             "%00", "%2e", "k" * 50])
+HEADERS = st.sampled_from([
+    "Flotilla-Client: c", "Flotilla-Seq: 5", "Flotilla-Seq: 0", "Flotilla-Seq: x",
+    "Flotilla-Client:", "Connection: keep-alive", "Connection: close", "Expect: 100-continue",
+    "Content-Type: text/plain", "X-A: b", "X-A:b", "X A: b", "X-A: \x7f", "Host: h",
+    "Content-Length: 0", "Content-Length: -1", " folded",
+])
+
+
+@settings(max_examples=150, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(method=st.sampled_from(["PUT", "PUT", "PUT", "DELETE", "GET", "Put"]),
+       key=st.lists(KEY_PARTS, max_size=4).map("".join),
+       headers=st.lists(HEADERS, max_size=3),
+       body=st.binary(max_size=64),
+       version=st.sampled_from(["HTTP/1.1", "HTTP/1.1", "HTTP/1.0"]))
+def test_the_lane_answers_any_mix_as_the_full_api_does(ports, method, key, headers, body,
+                                                       version):
+    explicit = any(h.startswith("Content-Length") for h in headers)
+    if explicit:
+        body = b""  # the grammar's own framing: a body of 0 bytes, or an invalid length
+    same_everywhere(ports, request(method, "/v1/kv/" + key, body, headers, version,
+                                   length=not explicit))
+
+
+# --- the lane's own duties --------------------------------------------------------------------
+
+
+def laned(ports: tuple[Port, Port]) -> Port:
+    return ports[1]
+
+
+@contextlib.contextmanager
+def connection(port: Port) -> Iterator[socket.socket]:
+    with socket.create_connection(("127.0.0.1", port.port)) as sock:
+        yield sock
+
+
+def test_a_write_is_served_in_the_lane_with_the_full_apis_answer(ports):
+    port = laned(ports)
+    before = len(port.node.commands)
+    answers, commands, records = exchange(port, request(target="/v1/kv/lane", body=b"v1"))
+    (status, headers, body), = answers
+    index = before + 1
+    assert (status, body) == (200, b'{"index": %d}' % index)
+    assert dict(headers)["content-type"] == "application/json; charset=utf-8"
+    assert dict(headers)["flotilla-index"] == dict(headers)["flotilla-mod-index"] == str(index)
+    assert dict(headers)["server"].startswith("Python/")
+    assert [c.key for c in commands] == ["lane"]
+    assert records == [("PUT", KV_ROUTE, 200)]
+
+
+def aiohttp_holds(port: Port, sock: socket.socket) -> bool:
+    """Whether aiohttp's handler has the server's end of `sock`."""
+    mine = sock.getsockname()
+    return port.call(lambda: any(
+        t.get_extra_info("peername") == mine
+        for t in port.runner.server._connections.values()))
+
+
+def test_a_connection_is_aiohttps_only_once_handed_over(ports):
+    port = laned(ports)
+    with connection(port) as sock:
+        sock.sendall(request(target="/v1/kv/mine", body=b"m"))
+        assert read_answer(sock, 5)[0][0][0] == 200
+        assert not aiohttp_holds(port, sock)
+        sock.sendall(request("GET", "/v1/kv/mine?consistency=serializable", b"",
+                             length=False))
+        (status, _headers, body), = read_answer(sock, 5)[0]
+        assert status == 404  # the stand-in applies nothing: the GET is the full API's
+        assert b"not_found" in body
+        assert aiohttp_holds(port, sock)
+
+
+def test_pipelined_writes_are_answered_in_order_one_at_a_time(ports):
+    port = laned(ports)
+    port.node.hold = True
+    try:
+        with connection(port) as sock:
+            before = len(port.node.commands)
+            sock.sendall(b"".join(request(target=f"/v1/kv/pipe/{i}", body=b"%d" % i)
+                                  for i in range(50)))
+            time.sleep(0.2)
+            # one write at a time: the second is not read before the first is answered
+            assert len(port.node.commands) == before + 1
+            indexes = []
+            for _ in range(50):
+                port.call(port.node.release)
+                (status, headers, _body), = read_answer(sock, 5)[0]
+                assert status == 200
+                indexes.append(int(dict(headers)["flotilla-index"]))
+            assert indexes == list(range(before + 1, before + 51))
+            assert [c.key for c in port.node.commands[before:]] == [
+                f"pipe/{i}" for i in range(50)]
+    finally:
+        port.node.hold = False
+        port.call(port.node.release)
+
+
+def test_a_connection_turning_to_another_route_is_handed_over_with_its_bytes(ports):
+    port = laned(ports)
+    with connection(port) as sock:
+        sock.sendall(request(target="/v1/kv/turn", body=b"t1"))
+        assert read_answer(sock, 5)[0][0][0] == 200
+        # a GET and a write after it, in one segment: the GET is aiohttp's, and so is the
+        # connection from then on
+        sock.sendall(request("GET", "/v1/kv/turn?consistency=serializable", b"", length=False)
+                     + request(target="/v1/kv/turn", body=b"t2"))
+        answers, _ = read_answer(sock, 5)
+        assert answers[0][0] == 404  # the stand-in applies nothing: not found, from aiohttp
+        assert read_answer(sock, 5)[0][0][0] == 200
+        assert aiohttp_holds(port, sock)
+    assert [c.value for c in port.node.commands[-2:]] == [b"t1", b"t2"]
+
+
+def test_a_head_sent_a_byte_at_a_time_is_served(ports):
+    port = laned(ports)
+    raw = request(target="/v1/kv/slow", body=b"s" * 100)
+    with connection(port) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for i in range(len(raw)):
+            sock.send(raw[i:i + 1])
+            if i % 20 == 0:
+                time.sleep(0.001)
+        assert read_answer(sock, 5)[0][0][0] == 200
+    assert port.node.commands[-1].value == b"s" * 100
+
+
+def test_a_write_on_a_half_closed_connection_is_answered_then_closed(ports):
+    port = laned(ports)
+    with connection(port) as sock:
+        sock.sendall(request(target="/v1/kv/half", body=b"h"))
+        sock.shutdown(socket.SHUT_WR)
+        answers, _ = read_answer(sock, 5)
+        assert answers[0][0] == 200
+        sock.settimeout(5)
+        assert sock.recv(100) == b""  # then the server closes
+    assert port.node.commands[-1].key == "half"
+
+
+def test_a_body_cut_short_by_the_client_closing_writes_nothing(ports):
+    port = laned(ports)
+    before = len(port.node.commands)
+    with connection(port) as sock:
+        sock.sendall(request(target="/v1/kv/cut", body=b"x" * 10)[:-5])
+        time.sleep(0.1)
+        sock.shutdown(socket.SHUT_WR)
+        answers, _ = read_answer(sock, 5)
+        assert [a[0] for a in answers] == [400]
+        assert b"closed before the whole request arrived" in answers[0][2]
+    assert len(port.node.commands) == before
+
+
+@pytest.mark.parametrize("refusal, status, code", [
+    (Overloaded("10 writes are already waiting"), 503, "overloaded"),
+    (NoSpace("the data dir has 1 MiB free"), 507, "no_space"),
+    (TransferInProgress("n2"), 503, "unavailable"),
+])
+def test_a_member_that_cannot_take_the_write_answers_as_the_full_api_does(ports, refusal,
+                                                                          status, code):
+    for port in ports:
+        port.node.refuse = refusal
+    try:
+        answers, commands = same_everywhere(ports, request(target="/v1/kv/refused"))
+    finally:
+        for port in ports:
+            port.node.refuse = None
+    (got, _headers, body), = answers
+    assert got == status and code.encode() in body and not commands
+
+
+def test_a_write_reaching_a_member_that_stopped_leading_is_the_full_apis(ports):
+    port = laned(ports)
+    port.node.leading = False
+    try:
+        with connection(port) as sock:
+            sock.sendall(request(target="/v1/kv/follower"))
+            answers, _ = read_answer(sock, 5)
+        # the full API forwards it: with no leader known to the stand-in, a 503
+        assert answers[0][0] == 503
+    finally:
+        port.node.leading = True
