@@ -177,14 +177,18 @@ class LaneConnection(asyncio.Protocol):
         self.eof = True
         if self.busy or self.write_paused:
             return True  # answer what was asked, then close
+        self._cut_short()
+        return None  # the transport closes
+
+    def _cut_short(self) -> None:
+        """The client sent its last byte with a request incomplete in the buffer."""
         if self.need:  # a write's head came, and the end of its body never will
-            self.buf.clear()
             self.transport.write(self.lane.error(
                 400, "bad_request", "the connection closed before the whole request arrived",
                 {}))
         # (A head still incomplete is no request to answer: complete heads the lane does not
         # serve were handed over already.)
-        return None  # the transport closes
+        self.buf.clear()
 
     def connection_lost(self, exc: BaseException | None) -> None:
         if self.handed is not None:
@@ -199,6 +203,8 @@ class LaneConnection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.write_paused = True
+        if not self.busy:
+            self._arm(IDLE_TIMEOUT)  # a client that reads none of its answers is let go
 
     def resume_writing(self) -> None:
         self.write_paused = False
@@ -222,12 +228,16 @@ class LaneConnection(asyncio.Protocol):
 
     def _expire(self) -> None:
         self.timer = None
-        if self.due is None or self.transport is None or self.handed is not None:
+        if (self.due is None or self.busy or self.transport is None
+                or self.handed is not None):
             return
         if self.loop.time() < self.due:
             self.timer = self.loop.call_at(self.due, self._expire)
             return
-        self.transport.close()  # as aiohttp's deadlines do: no answer to a late request
+        if self.write_paused:  # it reads none of its answers: nothing would be flushed
+            self.transport.abort()
+        else:
+            self.transport.close()  # as aiohttp's deadlines do: no answer to a late request
 
     # --- serving ---------------------------------------------------------------------------
 
@@ -243,6 +253,9 @@ class LaneConnection(asyncio.Protocol):
             self.need = 0
             request = self._parse()
             if request is None:  # incomplete: wait for more (the deadline set stands)
+                if self.eof:  # ... which will not come
+                    self._cut_short()
+                    self.transport.close()
                 return
             if request is _PUNT:
                 self._hand_over()

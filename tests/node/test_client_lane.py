@@ -451,6 +451,26 @@ def test_a_write_on_a_half_closed_connection_is_answered_then_closed(ports):
     assert port.node.commands[-1].key == "half"
 
 
+def test_a_half_close_while_a_write_is_under_way_answers_it_then_closes(ports):
+    port = laned(ports)
+    port.node.hold = True
+    try:
+        with connection(port) as sock:
+            sock.sendall(request(target="/v1/kv/under-way") + b"PUT /v1/kv/never-end")
+            time.sleep(0.1)
+            sock.shutdown(socket.SHUT_WR)
+            time.sleep(0.1)
+            port.call(port.node.release)
+            answers, _ = read_answer(sock, 5)
+            assert [a[0] for a in answers] == [200]
+            sock.settimeout(5)
+            assert sock.recv(100) == b""  # the incomplete head is no request: closed
+    finally:
+        port.node.hold = False
+        port.call(port.node.release)
+    assert port.node.commands[-1].key == "under-way"
+
+
 def test_a_body_cut_short_by_the_client_closing_writes_nothing(ports):
     port = laned(ports)
     before = len(port.node.commands)
