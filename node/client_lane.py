@@ -15,12 +15,23 @@ the common case:
   `Connection` but keep-alive, valid Flotilla-Client and Flotilla-Seq if any;
 - this member leads and runs the key-value machine.
 
-Anything else (another route, a query, a follower's request to forward, a request with
-anything unusual or wrong, a half-closed connection with a request incomplete) hands the
-connection over to aiohttp's handler with every byte received so far, and it stays there: the
-answer, and every check and error, is then exactly the full API's. So the lane only has to be
-right about what it accepts, and `tests/node/test_client_lane.py` sends the same requests down
-both paths and compares what was written and answered.
+Anything else goes to aiohttp's handler for the connection, so that its answer, and every
+check and error, is exactly the full API's, in one of two ways:
+
+- **lent**: a request that is whole in the buffer with nothing behind it, its framing beyond
+  doubt (every line well formed, one Content-Length or none, no Transfer-Encoding, Expect or
+  Upgrade, `Connection` keep-alive if given): another route, a query, a follower's write to
+  forward, a write with a wrong header. aiohttp gets exactly its bytes; once it has answered
+  and waits for the next request, the lane takes the connection's next bytes again. So a
+  client that reads and writes on one keep-alive connection keeps the lane for its writes.
+- **handed over for good**: anything whose extent the lane would have to guess (a bare CR or
+  LF, a framing of any other kind, bytes that are no request of this port's), a request sent
+  before aiohttp answered the one it has, a half-closed connection with a request incomplete:
+  every byte received goes to aiohttp, and the transport's protocol becomes its handler.
+
+So the lane only has to be right about what it accepts and about where a request ends, and
+`tests/node/test_client_lane.py` sends the same requests, alone and taking turns on one
+connection, down both paths and compares what was written and answered.
 
 The lane keeps the port's deadlines (deadlines.py): the head within HEADER_TIMEOUT of its first
 byte, a body that keeps coming within BODY_TIMEOUT, an idle connection closed after
@@ -68,20 +79,21 @@ _TOKEN = b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQR
 # RFC 3986 unreserved characters, '%' of an escape and '/': no query, fragment or sub-delims
 _PATH = b"-._~%/0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 _VISIBLE = bytes(range(0x20, 0x7F)) + b"\t"
-_PUNT = object()  # "hand the connection to aiohttp"
+_PUNT = object()  # "hand the connection to aiohttp for good"
+_METHODS = (b"GET", b"PUT", b"POST", b"DELETE", b"HEAD")  # what the client port routes
+_STARTS = tuple(m + b" /" for m in _METHODS)
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 
 
-def _may_be_ours(part: bytearray) -> bool:
-    """Whether an incomplete head may still become a request the lane serves: what aiohttp
-    would refuse at once (a bare CR or LF, another method or path) goes to it at once too,
+def _may_be_request(part: bytearray) -> bool:
+    """Whether an incomplete head may still become a request this port serves: what aiohttp
+    would refuse at once (a bare CR or LF, no method of the port's) goes to it at once too,
     rather than wait for an end of head that may never come."""
     whole = part[:-1] if part.endswith(b"\r") else part  # a CRLF may be arriving in halves
     if whole.count(b"\r") != whole.count(b"\n") or whole.count(b"\r\n") != whole.count(b"\n"):
         return False
-    start = bytes(part[:14])
-    return any(start.startswith(p) or p.startswith(start)
-               for p in (b"PUT /v1/kv/", b"DELETE /v1/kv/"))
+    start = bytes(part[:8])
+    return any(start.startswith(m) or m.startswith(start) for m in _STARTS)
 
 
 class ClientLane:
@@ -141,6 +153,11 @@ class LaneConnection(asyncio.Protocol):
         self.eof = False
         self.write_paused = False
         self.read_paused = False
+        # aiohttp's handler, once a request needed it; `lent`: it has one now, and the
+        # connection's bytes go to it until it is idle again; `handed`: the connection is
+        # its for good.
+        self.handler: Any = None
+        self.lent = False
         self.handed: asyncio.Protocol | None = None
         # One deadline at a time (header, body or idle), checked by one lazily re-armed timer.
         self.due: float | None = None
@@ -157,6 +174,12 @@ class LaneConnection(asyncio.Protocol):
         if self.handed is not None:  # not expected once the transport has the new protocol
             self.handed.data_received(data)
             return
+        if self.lent:
+            if not self.handler.idle():  # it is not done: the rest is its too
+                self.buf += data
+                self._hand_over()
+                return
+            self.lent = False  # answered: the lane serves the connection again
         first = not self.buf
         self.buf += data
         if self.busy or self.write_paused:
@@ -174,6 +197,9 @@ class LaneConnection(asyncio.Protocol):
     def eof_received(self) -> bool | None:
         if self.handed is not None:
             return self.handed.eof_received()
+        if self.lent and not self.handler.idle():
+            return self.handler.eof_received()
+        self.lent = False
         self.eof = True
         if self.busy or self.write_paused:
             return True  # answer what was asked, then close
@@ -191,8 +217,9 @@ class LaneConnection(asyncio.Protocol):
         self.buf.clear()
 
     def connection_lost(self, exc: BaseException | None) -> None:
+        if self.handler is not None:
+            self.handler.connection_lost(exc)
         if self.handed is not None:
-            self.handed.connection_lost(exc)
             return
         self.lane.connections.discard(self)
         self.transport = None
@@ -202,13 +229,17 @@ class LaneConnection(asyncio.Protocol):
             self.timer = None
 
     def pause_writing(self) -> None:
+        if self.handler is not None:
+            self.handler.pause_writing()
         self.write_paused = True
         if not self.busy:
             self._arm(IDLE_TIMEOUT)  # a client that reads none of its answers is let go
 
     def resume_writing(self) -> None:
+        if self.handler is not None:
+            self.handler.resume_writing()
         self.write_paused = False
-        if not self.busy and self.transport is not None:
+        if not self.busy and not self.lent and self.transport is not None:
             self._serve()
 
     def close(self) -> None:
@@ -228,7 +259,7 @@ class LaneConnection(asyncio.Protocol):
 
     def _expire(self) -> None:
         self.timer = None
-        if (self.due is None or self.busy or self.transport is None
+        if (self.due is None or self.busy or self.lent or self.transport is None
                 or self.handed is not None):
             return
         if self.loop.time() < self.due:
@@ -260,6 +291,12 @@ class LaneConnection(asyncio.Protocol):
             if request is _PUNT:
                 self._hand_over()
                 return
+            if len(request) == 1:  # aiohttp's request
+                if request[0] == len(self.buf) and not self.eof:
+                    self._lend()  # and have the connection back once it is answered
+                else:  # requests sent behind it: in order, they are all aiohttp's
+                    self._hand_over()
+                return
             self._start(*request)
         if self.read_paused and len(self.buf) <= self.lane.max_body + HEAD_LIMIT \
                 and self.transport is not None:
@@ -267,21 +304,24 @@ class LaneConnection(asyncio.Protocol):
             self.transport.resume_reading()
 
     def _parse(self) -> Any:
-        """The next request as (size, method, key, body, client, seq); None while it is
-        incomplete; _PUNT for anything the lane does not serve."""
+        """The next request: (size, method, key, body, client, seq) to serve in the lane;
+        (size,) for one that is aiohttp's, whole and framed beyond doubt (a single
+        Content-Length or none, no Transfer-Encoding, every line well formed); None while the
+        request is incomplete; _PUNT when the connection is to be aiohttp's for good."""
         buf = self.buf
         end = buf.find(b"\r\n\r\n", 0, HEAD_LIMIT)
         if end < 0:
-            return _PUNT if len(buf) >= HEAD_LIMIT or not _may_be_ours(buf) else None
-        lines = buf[:end].split(b"\r\n")
+            return _PUNT if len(buf) >= HEAD_LIMIT or not _may_be_request(buf) else None
+        head = buf[:end]
+        if head.count(b"\r") != head.count(b"\n") or head.count(b"\r\n") != head.count(b"\n"):
+            return _PUNT  # a bare CR or LF: where a line ends is in doubt
+        lines = head.split(b"\r\n")
         parts = lines[0].split(b" ")
-        if len(parts) != 3 or parts[2] != b"HTTP/1.1":
+        if len(parts) != 3 or parts[2] != b"HTTP/1.1" or parts[0] not in _METHODS:
             return _PUNT
         method, target = parts[0], parts[1]
-        if method != b"PUT" and method != b"DELETE":
-            return _PUNT
-        if not target.startswith(b"/v1/kv/") or len(target) == 7 or target.translate(None, _PATH):
-            return _PUNT
+        ours = ((method == b"PUT" or method == b"DELETE") and target.startswith(b"/v1/kv/")
+                and len(target) > 7 and not target.translate(None, _PATH))
         length = client = seq = None
         for line in lines[1:]:
             name, colon, value = line.partition(b":")
@@ -297,45 +337,45 @@ class LaneConnection(asyncio.Protocol):
                 length = int(value)
             elif name == b"flotilla-client":
                 if client is not None or not value:
-                    return _PUNT
+                    ours = False
                 client = value.decode()
             elif name == b"flotilla-seq":
                 if (seq is not None or not value.isdigit() or len(value) > 19
                         or not 1 <= int(value) <= MAX_WHOLE):
-                    return _PUNT
-                seq = int(value)
+                    ours = False
+                seq = value
             elif name == b"connection":
                 if value.lower() != b"keep-alive":
                     return _PUNT
             elif name in (b"transfer-encoding", b"expect", b"upgrade"):
                 return _PUNT
-        if (client is None) != (seq is None):
-            return _PUNT
-        if method == b"PUT":
-            if length is None or length > self.lane.max_body:
-                return _PUNT
-        elif length:
-            return _PUNT
-        node = self.lane.node
-        if not node.is_leader() or not isinstance(node.machine, KVStateMachine):
-            return _PUNT  # forwarding, and other machines' answers, are the full API's
-        try:
-            key = unquote_to_bytes(bytes(target[7:])).decode("utf-8")
-        except UnicodeDecodeError:
-            return _PUNT
-        if len(key.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:
-            return _PUNT
+        if length is not None and length > self.lane.max_body:
+            return _PUNT  # aiohttp refuses it (413) before its body
         size = end + 4 + (length or 0)
         if len(buf) < size:
             self.need = size
             self._arm(BODY_TIMEOUT)  # the body must keep coming
             return None
-        return size, method, key, bytes(buf[end + 4:size]), client, seq
+        if ours and (client is None) == (seq is None) and (
+                length is not None if method == b"PUT" else not length):
+            node = self.lane.node
+            # forwarding, and other machines' answers, are the full API's
+            if node.is_leader() and isinstance(node.machine, KVStateMachine):
+                try:
+                    key = unquote_to_bytes(bytes(target[7:])).decode("utf-8")
+                except UnicodeDecodeError:
+                    key = None
+                if key is not None and len(key.encode("utf-8", "surrogatepass")) <= MAX_KEY_BYTES:
+                    return (size, method, key, bytes(buf[end + 4:size]), client,
+                            None if seq is None else int(seq))
+        return (size,)
 
     def _start(self, size: int, method: bytes, key: str, body: bytes, client: str | None,
                seq: int | None) -> None:
         started = time.perf_counter()
         ts = int(time.time() * 1000)
+        if self.handler is not None:
+            self.handler.keep_open()  # aiohttp's idle deadline must not end a busy connection
         if method == b"PUT":
             command = encode_put(key, body, ts=ts, client=client, seq=seq)
             name = "PUT"
@@ -387,8 +427,24 @@ class LaneConnection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.write(data)
 
+    def _aiohttp(self) -> Any:
+        """aiohttp's handler for this connection, made when first needed."""
+        if self.handler is None:
+            assert self.lane.handler_factory is not None
+            self.handler = self.lane.handler_factory()
+            self.handler.connection_made(self.transport)
+        return self.handler
+
+    def _lend(self) -> None:
+        """Give aiohttp the one whole request buffered; the connection stays in the lane."""
+        handler = self._aiohttp()
+        self.lent = True
+        self.due = None  # aiohttp's deadlines apply while it has the request
+        data, self.buf = bytes(self.buf), bytearray()
+        handler.data_received(data)
+
     def _hand_over(self) -> None:
-        """Give the connection, and every byte received on it so far, to aiohttp."""
+        """Give the connection, and every byte received on it so far, to aiohttp for good."""
         transport = self.transport
         assert transport is not None and not self.busy
         self.lane.connections.discard(self)
@@ -399,10 +455,8 @@ class LaneConnection(asyncio.Protocol):
         if self.read_paused:
             self.read_paused = False
             transport.resume_reading()
-        assert self.lane.handler_factory is not None
-        handler = self.lane.handler_factory()
+        handler = self._aiohttp()
         self.handed = handler
-        handler.connection_made(transport)
         transport.set_protocol(handler)
         data, self.buf = bytes(self.buf), bytearray()
         if data:

@@ -61,6 +61,16 @@ class _DeadlineHandler(RequestHandler):
         elif waiting and self._timer is None:
             self._timer = self._loop.call_later(HEADER_TIMEOUT, self._headers_late, before)
 
+    def idle(self) -> bool:
+        """Whether the handler has answered all it was given and waits for a request (the
+        client lane's test before it serves the connection's next request itself)."""
+        return self._waiter is not None and not self._waiter.done() and not self._messages
+
+    def keep_open(self) -> None:
+        """The connection served a request outside this handler (the client lane): aiohttp's
+        keep-alive deadline starts again, as after one of its own answers."""
+        self._next_keepalive_close_time = self._loop.time() + self._keepalive_timeout
+
     def _headers_late(self, count: int) -> None:
         self._timer = None
         if self._request_count == count and self.transport is not None:

@@ -207,6 +207,8 @@ def exchange(port: Port, raw: bytes, wait: float = 2.0) -> tuple[Any, list, list
 
 def same_everywhere(ports: tuple[Port, Port], raw: bytes) -> tuple[Any, list]:
     plain, laned = ports
+    for port in ports:  # the indexes in the answers count from the same start
+        port.call(port.node.commands.clear)
     want = exchange(plain, raw)
     got = exchange(laned, raw)
     assert got[0] == want[0], (raw[:300], got[0], want[0])
@@ -371,18 +373,75 @@ def aiohttp_holds(port: Port, sock: socket.socket) -> bool:
         for t in port.runner.server._connections.values()))
 
 
-def test_a_connection_is_aiohttps_only_once_handed_over(ports):
+def served_by_aiohttp(port: Port) -> int:
+    """How many requests aiohttp's handlers have taken on this port."""
+    return port.call(lambda: port.runner.server.requests_count)
+
+
+def test_a_connection_lends_aiohttp_one_request_and_serves_the_next_write_again(ports):
     port = laned(ports)
     with connection(port) as sock:
+        before = served_by_aiohttp(port)
         sock.sendall(request(target="/v1/kv/mine", body=b"m"))
         assert read_answer(sock, 5)[0][0][0] == 200
         assert not aiohttp_holds(port, sock)
+        assert served_by_aiohttp(port) == before
         sock.sendall(request("GET", "/v1/kv/mine?consistency=serializable", b"",
                              length=False))
         (status, _headers, body), = read_answer(sock, 5)[0]
         assert status == 404  # the stand-in applies nothing: the GET is the full API's
         assert b"not_found" in body
-        assert aiohttp_holds(port, sock)
+        assert served_by_aiohttp(port) == before + 1
+        for raw in (request(target="/v1/kv/mine", body=b"m2"),
+                    request("DELETE", "/v1/kv/mine", b"", length=False)):
+            sock.sendall(raw)
+            assert read_answer(sock, 5)[0][0][0] == 200
+        assert served_by_aiohttp(port) == before + 1  # both in the lane again
+    assert [(c.op, c.value) for c in port.node.commands[-2:]] == [("put", b"m2"),
+                                                                  ("delete", b"")]
+
+
+# One request each, answered without closing the connection: (raw, served in the lane)
+TURNS = [
+    (request(target="/v1/kv/t", body=b"1"), True),
+    (request(target="/v1/kv/t%2Fu", body=b"22", headers=["Flotilla-Client: c",
+                                                          "Flotilla-Seq: 9"]), True),
+    (request("DELETE", "/v1/kv/t", b"", length=False), True),
+    (request(target="/v1/kv/t?prev_index=0", body=b"3"), False),
+    (request(target="/v1/kv/t", body=b"4", headers=["Flotilla-Seq: 1"]), False),
+    (request("GET", "/v1/kv/t?consistency=serializable", b"", length=False), False),
+    (request("GET", "/v1/kv/t", b"", length=False), False),
+    (request("GET", "/v1/kv?prefix=t", b"", length=False), False),
+    (request("GET", "/v1/status", b"", length=False), False),
+    (request("GET", "/healthz", b"", length=False), False),
+    (request("GET", "/nowhere", b"", length=False), False),
+    (request("POST", "/v1/kv/t", b"x"), False),
+    (request("DELETE", "/v1/kv/", b"", length=False), False),
+    (request(target="/v1/kv/%FF", body=b"5"), False),
+]
+
+
+@settings(max_examples=60, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(st.lists(st.sampled_from(range(len(TURNS))), min_size=2, max_size=6))
+def test_requests_taking_turns_on_one_connection_are_answered_as_the_full_api_does(ports,
+                                                                                  turns):
+    answers = []
+    for port in ports:  # the indexes in the answers count from the same start
+        port.call(port.node.commands.clear)
+    for port in ports:
+        before = served_by_aiohttp(port)
+        commands = len(port.node.commands)
+        got = []
+        with connection(port) as sock:
+            for turn in turns:
+                sock.sendall(TURNS[turn][0])
+                got.append(read_answer(sock, 5)[0])
+        answers.append((got, port.node.commands[commands:]))
+        if port is laned(ports):
+            # the lane serves its requests on a connection that lent aiohttp others before
+            assert served_by_aiohttp(port) - before == sum(not TURNS[t][1] for t in turns)
+    assert answers[0] == answers[1]
 
 
 def test_pipelined_writes_are_answered_in_order_one_at_a_time(ports):
@@ -410,7 +469,7 @@ def test_pipelined_writes_are_answered_in_order_one_at_a_time(ports):
         port.call(port.node.release)
 
 
-def test_a_connection_turning_to_another_route_is_handed_over_with_its_bytes(ports):
+def test_a_request_sent_behind_one_of_aiohttps_makes_the_connection_aiohttps(ports):
     port = laned(ports)
     with connection(port) as sock:
         sock.sendall(request(target="/v1/kv/turn", body=b"t1"))
@@ -422,8 +481,12 @@ def test_a_connection_turning_to_another_route_is_handed_over_with_its_bytes(por
         answers, _ = read_answer(sock, 5, finals=2)
         # the stand-in applies nothing: the GET's is aiohttp's not found
         assert [a[0] for a in answers] == [404, 200]
-        assert aiohttp_holds(port, sock)
-    assert [c.value for c in port.node.commands[-2:]] == [b"t1", b"t2"]
+        # the write sent behind the GET was aiohttp's, and so is the next one
+        before = served_by_aiohttp(port)
+        sock.sendall(request(target="/v1/kv/turn", body=b"t3"))
+        assert read_answer(sock, 5)[0][0][0] == 200
+        assert served_by_aiohttp(port) == before + 1
+    assert [c.value for c in port.node.commands[-3:]] == [b"t1", b"t2", b"t3"]
 
 
 def test_a_head_sent_a_byte_at_a_time_is_served(ports):
