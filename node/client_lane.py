@@ -274,7 +274,8 @@ class LaneConnection(asyncio.Protocol):
 
     def _serve(self) -> None:
         """Serve the complete requests buffered, in order, until one is under way."""
-        while not self.busy and not self.write_paused and self.transport is not None:
+        while (not (self.busy or self.lent or self.write_paused) and self.handed is None
+               and self.transport is not None):
             if not self.buf:
                 if self.eof:
                     self.transport.close()
@@ -292,10 +293,7 @@ class LaneConnection(asyncio.Protocol):
                 self._hand_over()
                 return
             if len(request) == 1:  # aiohttp's request
-                if request[0] == len(self.buf) and not self.eof:
-                    self._lend()  # and have the connection back once it is answered
-                else:  # requests sent behind it: in order, they are all aiohttp's
-                    self._hand_over()
+                self._to_aiohttp(request[0])
                 return
             self._start(*request)
         if self.read_paused and len(self.buf) <= self.lane.max_body + HEAD_LIMIT \
@@ -384,8 +382,8 @@ class LaneConnection(asyncio.Protocol):
             name = "DELETE"
         try:
             _index, fut = self.lane.node.submit(command)
-        except NotLeader:
-            self._hand_over()  # the full API forwards it
+        except NotLeader:  # no longer: the full API forwards it
+            self._to_aiohttp(size)
             return
         except Exception as exc:
             del self.buf[:size]
@@ -435,11 +433,23 @@ class LaneConnection(asyncio.Protocol):
             self.handler.connection_made(self.transport)
         return self.handler
 
+    def _to_aiohttp(self, size: int) -> None:
+        """Give aiohttp the request of `size` bytes at the head of the buffer: lent when it is
+        all the buffer holds, else (requests sent behind it are all aiohttp's, in order) the
+        connection with it."""
+        if size == len(self.buf) and not self.eof:
+            self._lend()  # and have the connection back once it is answered
+        else:
+            self._hand_over()
+
     def _lend(self) -> None:
         """Give aiohttp the one whole request buffered; the connection stays in the lane."""
         handler = self._aiohttp()
         self.lent = True
         self.due = None  # aiohttp's deadlines apply while it has the request
+        if self.read_paused:
+            self.read_paused = False
+            self.transport.resume_reading()
         data, self.buf = bytes(self.buf), bytearray()
         handler.data_received(data)
 
