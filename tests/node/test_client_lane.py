@@ -582,3 +582,27 @@ def test_a_write_reaching_a_member_that_stopped_leading_is_the_full_apis(ports):
         assert answers[0][0] == 503
     finally:
         port.node.leading = True
+
+
+def test_aiohttps_idle_deadline_does_not_end_a_connection_the_lane_keeps_busy(ports,
+                                                                               monkeypatch):
+    """After lending one request, aiohttp's keep-alive deadline runs from its answer: the
+    lane's writes after it must move it on (`keep_open`), or aiohttp would close a busy
+    connection as idle."""
+    from flotilla.node import client_lane, deadlines
+
+    monkeypatch.setattr(deadlines, "IDLE_TIMEOUT", 1.0)
+    monkeypatch.setattr(client_lane, "IDLE_TIMEOUT", 1.0)
+    port = laned(ports)
+    with connection(port) as sock:
+        sock.sendall(request("GET", "/v1/kv/busy?consistency=serializable", b"",
+                             length=False))
+        assert read_answer(sock, 5)[0][0][0] == 404  # lent to aiohttp
+        for i in range(12):  # 2.4 s of writes, each 0.2 s after the last answer
+            time.sleep(0.2)
+            sock.sendall(request(target=f"/v1/kv/busy/{i}", body=b"b"))
+            answers, closed = read_answer(sock, 5)
+            assert not closed and answers[0][0] == 200, (i, answers)
+        time.sleep(2.5)  # and idle for longer than the deadline: closed
+        sock.settimeout(5)
+        assert sock.recv(100) == b""
