@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import time
 from collections.abc import Callable
 from email.utils import formatdate
@@ -58,17 +57,17 @@ from flotilla.node.statemachine.kv import KVStateMachine, encode_delete, encode_
 
 from .deadlines import BODY_TIMEOUT, HEADER_TIMEOUT, IDLE_TIMEOUT
 from .http_api import (
+    CUT_SHORT,
     JSON_TYPE,
     KV_PREFIX,
     MAX_KEY_BYTES,
     MAX_URL_BYTES,
     MAX_WHOLE,
     refusal,
+    unexpected,
     write_outcome,
 )
 from .node import Node
-
-log = logging.getLogger(__name__)
 
 #: The metric's route label, the same as aiohttp's route pattern gives.
 KV_ROUTE = KV_PREFIX + "{key}"
@@ -83,15 +82,22 @@ _PUNT = object()  # "hand the connection to aiohttp for good"
 _METHODS = (b"GET", b"PUT", b"POST", b"DELETE", b"HEAD")  # what the client port routes
 _STARTS = tuple(m + b" /" for m in _METHODS)
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
+_ANSWER_HEADERS = b"Content-Type: %s\r\nServer: %s\r\n" % (JSON_TYPE.encode(),
+                                                              SERVER_SOFTWARE.encode())
+
+
+def _lines_in_doubt(part: bytearray) -> bool:
+    """Whether `part` holds a CR or LF that is not half of a CRLF: where a line ends would be
+    a guess (one parser may end it where another does not)."""
+    return not part.count(b"\r") == part.count(b"\n") == part.count(b"\r\n")
 
 
 def _may_be_request(part: bytearray) -> bool:
     """Whether an incomplete head may still become a request this port serves: what aiohttp
     would refuse at once (a bare CR or LF, no method of the port's) goes to it at once too,
     rather than wait for an end of head that may never come."""
-    whole = part[:-1] if part.endswith(b"\r") else part  # a CRLF may be arriving in halves
-    if whole.count(b"\r") != whole.count(b"\n") or whole.count(b"\r\n") != whole.count(b"\n"):
-        return False
+    if _lines_in_doubt(part[:-1] if part.endswith(b"\r") else part):  # a CRLF may be
+        return False                                                    # arriving in halves
     start = bytes(part[:8])
     return any(start.startswith(m) or m.startswith(start) for m in _STARTS)
 
@@ -125,10 +131,9 @@ class ClientLane:
         """The bytes of a JSON answer with aiohttp's headers (Date, Server, Content-Length)."""
         extra = b"".join(b"%s: %s\r\n" % (name.encode(), value.encode("latin-1"))
                          for name, value in headers.items())
-        return (b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\n%sContent-Length: %d\r\n"
-                b"Date: %s\r\nServer: %s\r\n\r\n%s"
-                % (status, _REASONS.get(status, b"Unknown"), JSON_TYPE.encode(), extra,
-                   len(body), self.date(), SERVER_SOFTWARE.encode(), body))
+        return (b"HTTP/1.1 %d %s\r\n%s%sContent-Length: %d\r\nDate: %s\r\n\r\n%s"
+                % (status, _REASONS.get(status, b"Unknown"), _ANSWER_HEADERS, extra,
+                   len(body), self.date(), body))
 
     def error(self, status: int, code: str, sentence: str, headers: dict[str, str]) -> bytes:
         return self.answer(status, json.dumps({"error": sentence, "code": code}).encode(),
@@ -155,10 +160,10 @@ class LaneConnection(asyncio.Protocol):
         self.read_paused = False
         # aiohttp's handler, once a request needed it; `lent`: it has one now, and the
         # connection's bytes go to it until it is idle again; `handed`: the connection is
-        # its for good.
+        # its for good (the transport's protocol, which this one hears nothing more from).
         self.handler: Any = None
         self.lent = False
-        self.handed: asyncio.Protocol | None = None
+        self.handed = False
         # One deadline at a time (header, body or idle), checked by one lazily re-armed timer.
         self.due: float | None = None
         self.timer: asyncio.TimerHandle | None = None
@@ -171,9 +176,6 @@ class LaneConnection(asyncio.Protocol):
         self._arm(IDLE_TIMEOUT)
 
     def data_received(self, data: bytes) -> None:
-        if self.handed is not None:  # not expected once the transport has the new protocol
-            self.handed.data_received(data)
-            return
         if self.lent:
             if not self.handler.idle():  # it is not done: the rest is its too
                 self.buf += data
@@ -195,8 +197,6 @@ class LaneConnection(asyncio.Protocol):
         self._serve()
 
     def eof_received(self) -> bool | None:
-        if self.handed is not None:
-            return self.handed.eof_received()
         if self.lent and not self.handler.idle():
             return self.handler.eof_received()
         self.lent = False
@@ -209,9 +209,7 @@ class LaneConnection(asyncio.Protocol):
     def _cut_short(self) -> None:
         """The client sent its last byte with a request incomplete in the buffer."""
         if self.need:  # a write's head came, and the end of its body never will
-            self.transport.write(self.lane.error(
-                400, "bad_request", "the connection closed before the whole request arrived",
-                {}))
+            self.transport.write(self.lane.error(400, "bad_request", CUT_SHORT, {}))
         # (A head still incomplete is no request to answer: complete heads the lane does not
         # serve were handed over already.)
         self.buf.clear()
@@ -219,8 +217,6 @@ class LaneConnection(asyncio.Protocol):
     def connection_lost(self, exc: BaseException | None) -> None:
         if self.handler is not None:
             self.handler.connection_lost(exc)
-        if self.handed is not None:
-            return
         self.lane.connections.discard(self)
         self.transport = None
         self.due = None
@@ -259,8 +255,7 @@ class LaneConnection(asyncio.Protocol):
 
     def _expire(self) -> None:
         self.timer = None
-        if (self.due is None or self.busy or self.lent or self.transport is None
-                or self.handed is not None):
+        if self.due is None or self.busy or self.lent or self.transport is None:
             return
         if self.loop.time() < self.due:
             self.timer = self.loop.call_at(self.due, self._expire)
@@ -274,7 +269,7 @@ class LaneConnection(asyncio.Protocol):
 
     def _serve(self) -> None:
         """Serve the complete requests buffered, in order, until one is under way."""
-        while (not (self.busy or self.lent or self.write_paused) and self.handed is None
+        while (not (self.busy or self.lent or self.handed or self.write_paused)
                and self.transport is not None):
             if not self.buf:
                 if self.eof:
@@ -311,8 +306,8 @@ class LaneConnection(asyncio.Protocol):
         if end < 0:
             return _PUNT if len(buf) >= HEAD_LIMIT or not _may_be_request(buf) else None
         head = buf[:end]
-        if head.count(b"\r") != head.count(b"\n") or head.count(b"\r\n") != head.count(b"\n"):
-            return _PUNT  # a bare CR or LF: where a line ends is in doubt
+        if _lines_in_doubt(head):
+            return _PUNT
         lines = head.split(b"\r\n")
         parts = lines[0].split(b" ")
         if len(parts) != 3 or parts[2] != b"HTTP/1.1" or parts[0] not in _METHODS:
@@ -359,13 +354,13 @@ class LaneConnection(asyncio.Protocol):
             node = self.lane.node
             # forwarding, and other machines' answers, are the full API's
             if node.is_leader() and isinstance(node.machine, KVStateMachine):
-                try:
-                    key = unquote_to_bytes(bytes(target[7:])).decode("utf-8")
-                except UnicodeDecodeError:
-                    key = None
-                if key is not None and len(key.encode("utf-8", "surrogatepass")) <= MAX_KEY_BYTES:
-                    return (size, method, key, bytes(buf[end + 4:size]), client,
-                            None if seq is None else int(seq))
+                raw = unquote_to_bytes(bytes(target[7:]))
+                if len(raw) <= MAX_KEY_BYTES:
+                    try:
+                        return (size, method, raw.decode("utf-8"), bytes(buf[end + 4:size]),
+                                client, None if seq is None else int(seq))
+                    except UnicodeDecodeError:
+                        pass
         return (size,)
 
     def _start(self, size: int, method: bytes, key: str, body: bytes, client: str | None,
@@ -374,12 +369,9 @@ class LaneConnection(asyncio.Protocol):
         ts = int(time.time() * 1000)
         if self.handler is not None:
             self.handler.keep_open()  # aiohttp's idle deadline must not end a busy connection
-        if method == b"PUT":
-            command = encode_put(key, body, ts=ts, client=client, seq=seq)
-            name = "PUT"
-        else:
-            command = encode_delete(key, ts=ts, client=client, seq=seq)
-            name = "DELETE"
+        command = (encode_put(key, body, ts=ts, client=client, seq=seq) if method == b"PUT"
+                   else encode_delete(key, ts=ts, client=client, seq=seq))
+        name = method.decode()
         try:
             _index, fut = self.lane.node.submit(command)
         except NotLeader:  # no longer: the full API forwards it
@@ -414,11 +406,7 @@ class LaneConnection(asyncio.Protocol):
             status, body, headers = write_outcome(result)  # type: ignore[arg-type]
             data = lane.answer(status, body, headers)
         else:
-            known = refusal(exc)
-            if known is None:
-                log.error("%s %s failed", method, KV_ROUTE, exc_info=exc)
-                known = (500, "internal", f"this member failed on {method} {KV_ROUTE}; its log "
-                         "says why", {})
+            known = refusal(exc) or unexpected(method, KV_ROUTE, exc)
             status = known[0]
             data = lane.error(*known)
         lane.node.metrics.request(method, KV_ROUTE, status, time.perf_counter() - started)
@@ -466,7 +454,7 @@ class LaneConnection(asyncio.Protocol):
             self.read_paused = False
             transport.resume_reading()
         handler = self._aiohttp()
-        self.handed = handler
+        self.handed = True
         transport.set_protocol(handler)
         data, self.buf = bytes(self.buf), bytearray()
         if data:

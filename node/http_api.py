@@ -129,13 +129,21 @@ def write_outcome(result: dict[str, Any]) -> tuple[int, bytes, dict[str, str]]:
     return 200, b'{"index": %d}' % result["index"], headers
 
 
-def _unexpected(request: web.Request, exc: Exception) -> web.Response:
-    """The last resort of both ports' error middlewares: never a bare 500 or a traceback."""
+CUT_SHORT = "the connection closed before the whole request arrived"
+
+
+def unexpected(method: str, path: str, exc: BaseException) -> tuple[int, str, str, dict[str, str]]:
+    """The last resort of every error path (both ports' middlewares, the client lane): never
+    a bare 500 or a traceback. A 500 is logged with its traceback."""
     if isinstance(exc, ConnectionResetError):
-        return bad_request("the connection closed before the whole request arrived")
-    log.error("%s %s failed", request.method, request.path, exc_info=exc)
-    return error(500, "internal", f"this member failed on {request.method} {request.path}; "
-                 "its log says why")
+        return 400, "bad_request", CUT_SHORT, {}
+    log.error("%s %s failed", method, path, exc_info=exc)
+    return 500, "internal", f"this member failed on {method} {path}; its log says why", {}
+
+
+def _unexpected(request: web.Request, exc: Exception) -> web.Response:
+    status, code, sentence, headers = unexpected(request.method, request.path, exc)
+    return error(status, code, sentence, **headers)
 
 
 def _http_exception(request: web.Request, exc: web.HTTPException) -> web.Response:
@@ -528,10 +536,8 @@ class ClientAPI:
                 return _http_exception(request, exc)
             raise
         except Exception as exc:
-            known = refusal(exc)
-            if known is None:
-                return _unexpected(request, exc)
-            status, code, sentence, headers = known
+            status, code, sentence, headers = (
+                refusal(exc) or unexpected(request.method, request.path, exc))
             return error(status, code, sentence, **headers)
 
     # --- helpers -----------------------------------------------------------------------
