@@ -26,7 +26,6 @@ import fcntl
 import json
 import os
 import random
-import secrets
 import shutil
 import signal
 import socket
@@ -243,10 +242,12 @@ def read_token(root: Path) -> str | None:
 
 
 def _write_token(root: Path) -> None:
+    from flotilla.node.config import new_admin_token  # the node's config, loaded when used
+
     path = root / TOKEN_FILE
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
-        f.write(secrets.token_urlsafe(32) + "\n")
+        f.write(new_admin_token() + "\n")
 
 
 # --- TLS (`up --tls`) ------------------------------------------------------------------------

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import random
-import secrets
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -32,7 +31,7 @@ from flotilla.node.storage import (
 from flotilla.node.storage.fsutil import make_private, write_atomic
 
 from . import restore
-from .config import MIN_TOKEN_BYTES, NodeConfig
+from .config import MIN_TOKEN_BYTES, NodeConfig, new_admin_token
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +54,7 @@ def admin_token_in(path: Path) -> str:
         raise StorageError(f"{path} holds an admin token of {size} bytes, under "
                            f"{MIN_TOKEN_BYTES}: remove the file (a new token is generated "
                            "there) or give --admin-token")
-    token = secrets.token_urlsafe(32)
+    token = new_admin_token()
     write_atomic(path, (token + "\n").encode())  # 0600
     return token
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
@@ -26,6 +27,15 @@ from flotilla.logs import LogSettingError, parse_format, parse_level
 DEFAULT_MAX_VALUE_BYTES = 1 << 20
 #: The shortest admin token a member accepts (etcd-grade secrets are 32 random bytes).
 MIN_TOKEN_BYTES = 16
+#: How to make a token by hand, as Flotilla makes its own (new_admin_token).
+TOKEN_RECIPE = "python3 -c 'import secrets; print(secrets.token_hex(32))'"
+
+
+def new_admin_token() -> str:
+    """An admin token as a member's first start, `flotilla up` and the operator generate it:
+    256 random bits in 64 hex digits. Safe on a command line: a URL-safe base64 token starts
+    with '-' one time in 64, and `--token TOKEN` then reads it as a flag."""
+    return secrets.token_hex(32)
 #: Member names: what a DNS label, a path segment and `--initial-cluster` all accept.
 MEMBER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 NAME_RULE = "1 to 63 letters, digits, '.', '_' or '-', starting with a letter or digit"
@@ -195,7 +205,7 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> NodeConf
     token = raw["admin_token"]
     if token is not None and len(token.encode("utf-8", "surrogateescape")) < MIN_TOKEN_BYTES:
         raise UsageError(f"--admin-token must be at least {MIN_TOKEN_BYTES} bytes long; make "
-                         "one with: python3 -c 'import secrets; print(secrets.token_urlsafe(32))'")
+                         f"one with: {TOKEN_RECIPE}")
     election = _positive_int(raw["election_timeout_ms"], "--election-timeout-ms", 1000)
     heartbeat = _positive_int(raw["heartbeat_ms"], "--heartbeat-ms", 100)
     if election < 2 * heartbeat:

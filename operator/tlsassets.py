@@ -16,7 +16,6 @@ import base64
 import dataclasses
 import datetime
 import os
-import secrets
 import ssl
 import threading
 import time
@@ -24,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from flotilla.node.config import MIN_TOKEN_BYTES
+from flotilla.node.config import MIN_TOKEN_BYTES, TOKEN_RECIPE, new_admin_token
 from flotilla.node.tls import Issued
 from flotilla.node.tls import client_context as node_client_context
 
@@ -37,7 +36,6 @@ from .spec import ClusterSpec
 __all__ = ["SECRETS_INTERVAL_ENV", "Problem", "TlsState", "admin_token", "client_context",
            "ensure", "forget", "problem_from_api", "trusted"]
 
-TOKEN_BYTES = 32  # random bytes of a generated admin token (43 characters, URL-safe base64)
 
 
 @dataclass(frozen=True)
@@ -100,7 +98,7 @@ def forget() -> None:
 def admin_token(kube: Kube, spec: ClusterSpec, now: float | None = None
                 ) -> tuple[str | None, Problem | None, list[tuple[str, str, str]]]:
     """The members' admin token: read from spec.adminTokenSecret, or from NAME-admin-token,
-    which is created (32 random bytes, URL-safe) when the spec names none and it is missing.
+    which is created (32 random bytes in hex) when the spec names none and it is missing.
     A named Secret that is missing, lacks the key or holds a token the node refuses (under
     16 bytes) is a Problem: members would not start with it. A good token is remembered
     for the secrets interval."""
@@ -121,7 +119,7 @@ def _read_admin_token(kube: Kube, spec: ClusterSpec
     secret = kube.get("Secret", spec.namespace, ref.name)
     events: list[tuple[str, str, str]] = []
     if secret is None and spec.admin_token is None:
-        token = secrets.token_urlsafe(TOKEN_BYTES)
+        token = new_admin_token()
         kube.create({
             "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
             "metadata": {"name": ref.name, "namespace": spec.namespace,
@@ -145,7 +143,7 @@ def _read_admin_token(kube: Kube, spec: ClusterSpec
             "AdminTokenTooShort",
             f"{where} holds a token of {len(value)} bytes under {ref.key!r}; members refuse "
             f"tokens under {MIN_TOKEN_BYTES} bytes and would not start. Make one with: "
-            "python3 -c 'import secrets; print(secrets.token_urlsafe(32))'"), events
+            f"{TOKEN_RECIPE}"), events
     return value.decode("utf-8", "surrogateescape"), None, events
 
 
