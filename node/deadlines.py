@@ -7,8 +7,9 @@ pays for them in its handler (no timer, no extra await on the hot path):
   is closed (a long body, such as a streamed snapshot, may take as long as it keeps moving;
   while the member itself has paused reading, the client is not to blame and nothing is
   counted).
-- A connection with no request under way is closed after IDLE_TIMEOUT (aiohttp's keep-alive
-  timer, which also covers a connection that never sends a byte).
+- A connection with no request under way is closed after IDLE_TIMEOUT: aiohttp's keep-alive
+  timer after an answer, and this handler's own for a connection that never sends a byte
+  (aiohttp arms its timer at a connection's start only from 3.14.4 on).
 A WebSocket stream, once open, is kept alive by its pings instead (see transport).
 """
 
@@ -32,15 +33,23 @@ LINGER = 2.0
 class _DeadlineHandler(RequestHandler):
     """aiohttp's request handler with deadlines on a request's headers and on its body."""
 
-    __slots__ = ("_body", "_body_seen", "_timer")
+    __slots__ = ("_body", "_body_seen", "_silent", "_timer")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._timer: asyncio.TimerHandle | None = None
+        self._silent: asyncio.TimerHandle | None = None  # until the connection's first byte
         self._body: StreamReader | None = None  # the body still arriving, if any
         self._body_seen = 0.0  # loop time of its latest bytes
 
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._silent = self._loop.call_later(IDLE_TIMEOUT, self._never_spoke)
+
     def data_received(self, data: bytes) -> None:
+        if self._silent is not None:
+            self._silent.cancel()
+            self._silent = None
         # No request under way: the handler waits for one, or (uvloop delivers a connection's
         # first bytes before the handler's task has run) none has arrived yet.
         waiting = ((self._waiter is not None and not self._waiter.done())
@@ -71,6 +80,11 @@ class _DeadlineHandler(RequestHandler):
         keep-alive deadline starts again, as after one of its own answers."""
         self._next_keepalive_close_time = self._loop.time() + self._keepalive_timeout
 
+    def _never_spoke(self) -> None:
+        self._silent = None
+        if self.transport is not None:
+            self.force_close()
+
     def _headers_late(self, count: int) -> None:
         self._timer = None
         if self._request_count == count and self.transport is not None:
@@ -99,6 +113,9 @@ class _DeadlineHandler(RequestHandler):
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._stop()
+        if self._silent is not None:
+            self._silent.cancel()
+            self._silent = None
         super().connection_lost(exc)
 
 

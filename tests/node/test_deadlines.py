@@ -1,0 +1,95 @@
+"""The read deadline of a connection that never sends a byte (node/deadlines.py), in process.
+
+aiohttp arms its keep-alive timer at a connection's start only from 3.14.4 on; before that, a
+connection that never spoke was held for ever. The member's handler has a deadline of its own
+for it, whatever aiohttp does. These tests give aiohttp a keep-alive far longer than the
+deadline, so only the member's own can close the connection in time.
+(tests/hostile/test_deadlines.py checks every deadline on real members, with the real ones.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from aiohttp import web
+from flotilla.node import deadlines
+from flotilla.node.deadlines import DeadlineSite
+
+IDLE_S = 1.0
+AIOHTTP_KEEPALIVE_S = 60.0
+
+
+@pytest.fixture
+def port(monkeypatch) -> Iterator[int]:
+    monkeypatch.setattr(deadlines, "IDLE_TIMEOUT", IDLE_S)
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+    runner: web.AppRunner | None = None
+    bound = 0
+
+    async def ping(_: web.Request) -> web.Response:
+        return web.Response(text="pong")
+
+    async def setup() -> None:
+        nonlocal runner, bound
+        app = web.Application()
+        app.router.add_get("/ping", ping)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False,
+                               keepalive_timeout=AIOHTTP_KEEPALIVE_S)
+        await runner.setup()
+        site = DeadlineSite(runner, "127.0.0.1", 0)
+        await site.start()
+        bound = site._server.sockets[0].getsockname()[1]
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(setup())
+        started.set()
+        loop.run_forever()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert started.wait(10)
+    try:
+        yield bound
+    finally:
+        assert runner is not None
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
+
+def closed_after(sock: socket.socket, limit: float) -> float | None:
+    """Seconds until the server closed `sock` (reading nothing more), or None within `limit`."""
+    began = time.monotonic()
+    sock.settimeout(limit)
+    try:
+        while sock.recv(4096):
+            pass
+    except TimeoutError:
+        return None
+    return time.monotonic() - began
+
+
+def test_a_connection_that_never_sends_a_byte_is_closed_after_the_idle_deadline(port):
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        held = closed_after(sock, IDLE_S * 5)
+    assert held is not None, f"still open {IDLE_S * 5}s later"
+    assert IDLE_S * 0.8 <= held <= IDLE_S * 3, held
+
+
+def test_a_connection_that_spoke_is_not_cut_by_that_deadline(port):
+    """The first byte ends the silent deadline: a connection that sent a request just before it
+    and got its answer is then aiohttp's to keep alive (here: far longer)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        time.sleep(IDLE_S * 0.6)
+        sock.sendall(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
+        sock.settimeout(5)
+        assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+        assert closed_after(sock, IDLE_S * 2) is None
