@@ -394,7 +394,7 @@ def _fold(spark: Any, ref: ArchiveRef, plan: RestorePlan, ops: Decoded, meta: Sn
                 key_count += n
             elif n == _CHANGE:
                 assert changes is not None
-                changes[result[1:]] = (index, result[0])
+                changes[bytes(result[1:])] = (index, result[0])  # bytearray before 4.1
             else:
                 results[index] = msgpack.unpackb(result, raw=False, strict_map_key=False)
         sessions = [finish_session(s, results) for s in done.sketches.values()]
