@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # $(call ...) would split its argument.
 EXTRAS := test,pipeline
 
-.PHONY: setup demo test lint bench chart-docs promtool
+.PHONY: setup demo test test-lowest lint bench chart-docs promtool
 
 # pip runs quiet (-q); its stderr goes through a file so that pip's exit code is kept (make runs
 # recipes under /bin/sh, which may have no pipefail) and so that the warnings a pip config naming
@@ -18,12 +18,14 @@ $(PY) -m pip install -q $(1) 2>$(VENV)/pip-stderr.log; rc=$$?; \
 	grep -v "$(PIP_NOISE)" $(VENV)/pip-stderr.log >&2; exit $$rc
 endef
 
-$(VENV)/.installed: pyproject.toml
+# CONSTRAINTS, when set, is a pip constraints file the install follows (make test-lowest).
+CONSTRAINTS ?=
+$(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	@echo "==> creating the virtualenv in $(VENV)"
 	@$(PYTHON) -m venv $(VENV)
 	@$(call pip_install,--upgrade pip)
 	@echo "==> installing flotilla, its test dependencies and the pipeline's PySpark (a few minutes the first time)"
-	@$(call pip_install,-e '.[$(EXTRAS)]')
+	@$(call pip_install,-e '.[$(EXTRAS)]' $(if $(CONSTRAINTS),-c $(CONSTRAINTS)))
 	@touch $@
 
 # helm renders the chart in tests/packaging; no helm release is on PyPI, so it comes from npm
@@ -82,6 +84,12 @@ test: setup
 	README_GENERATOR=$${README_GENERATOR:-$(CURDIR)/$(README_GENERATOR)} $(PY) -m pytest -n 2 --dist loadfile --durations=25; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; \
 	exit $$rc
+
+# The suite against the oldest release of each dependency that pyproject.toml allows, in a
+# virtualenv of its own: what shows that the lower bounds are true. Not part of `make test`
+# (a second install of PySpark and the rest); run it when a bound or a dependency's use changes.
+test-lowest:
+	@$(MAKE) --no-print-directory test VENV=.venv-lowest CONSTRAINTS=.ci/lowest-constraints.txt
 
 lint: setup
 	$(PY) -m ruff check .

@@ -284,7 +284,7 @@ def test_the_builder_copies_everything_the_distribution_is_built_from():
 
 
 @pytest.mark.parametrize("path", [
-    ".venv/bin/python", ".git/HEAD", ".pytest_cache/v/cache/lastfailed",
+    ".venv/bin/python", ".venv-lowest/bin/python", ".git/HEAD", ".pytest_cache/v/cache/lastfailed",
     ".ruff_cache/0.5.0/x", ".hypothesis/examples/x", "node/__pycache__/server.cpython-311.pyc",
     "flotilla.egg-info/PKG-INFO", ".flotilla/n1/data/wal-0001", ".flotilla/archive/x",
     "bench/results/run.json", "tests/conftest.py", "e2e/test_kind.py", "build/lib/x.py",
