@@ -130,6 +130,8 @@ class Runtime:
         self._waiters: list[tuple[int, asyncio.Future]] = []
         # Futures resolved once their predicate holds, looked at after every batch.
         self._watches: list[tuple[Callable[[], bool], asyncio.Future]] = []
+        # Sends the transport could not deliver, per peer (a count that only grows).
+        self._unreachable: dict[str, int] = {}
         self._wakeup = asyncio.Event()
         self._commit_notice: asyncio.TimerHandle | None = None
         self._leader_seen: str | None = None  # the leader the last soft state named
@@ -175,22 +177,49 @@ class Runtime:
                 fut.set_exception(exc)
 
     async def _hand_over_leadership(self, timeout: float) -> None:
-        status = self.core.status()
-        voters = [n for n in status.membership.voters if n != self.name]
-        if not voters:
-            return
-        progress = status.progress
-        best = max(voters, key=lambda n: (progress[n].match if n in progress else -1, n))
+        """Hand leadership to the most caught-up voter, within `timeout` seconds. A target the
+        transport can no longer reach (it is stopping too, as when a whole cluster is shut
+        down) is given up at once for the next voter, and when none is left the member stops
+        without waiting out the timeout: the voters still running elect a leader by
+        themselves."""
+        core = self.core
+        deadline = asyncio.get_running_loop().time() + timeout
+        settled = self.until(lambda: core.role is not Role.LEADER and core.leader is not None)
+        tried: list[str] = []
         try:
-            done = self.transfer_leadership(best)
-        except ProposalError as exc:
-            log.warning("could not hand leadership to %s: %s", best, exc)
-            return
-        try:
-            async with asyncio.timeout(timeout):
-                await done
-        except (TimeoutError, Unavailable):
-            pass
+            while not settled.done():
+                if core.role is not Role.LEADER:  # it voted for a target that then went away
+                    log.info("stepped down as leader; %s stopped answering", tried[-1])
+                    return
+                status = core.status()
+                voters = [n for n in status.membership.voters
+                          if n != self.name and n not in tried]
+                if not voters:
+                    if tried:
+                        log.info("leadership not handed over: %s stopped answering",
+                                 ", ".join(tried))
+                    return
+                progress = status.progress
+                best = max(voters, key=lambda n: (progress[n].match if n in progress else -1, n))
+                tried.append(best)
+                try:
+                    core.transfer_leadership(best)
+                except ProposalError as exc:
+                    log.warning("could not hand leadership to %s: %s", best, exc)
+                    return
+                self._wakeup.set()
+                lost = self._unreachable_from_now(best)
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        await asyncio.wait((settled, lost), return_when=asyncio.FIRST_COMPLETED)
+                except TimeoutError:
+                    log.info("leadership not handed over to %s within %g s", best, timeout)
+                    return
+                finally:
+                    lost.cancel()
+            log.info("leadership handed over to %s", core.leader)
+        finally:
+            settled.cancel()
 
     # --- inputs ----------------------------------------------------------------------------
 
@@ -265,6 +294,12 @@ class Runtime:
             self._watches.append((predicate, fut))
         return fut
 
+    def _unreachable_from_now(self, peer: str) -> asyncio.Future:
+        """A future resolved once the transport fails to deliver a message to `peer` from now
+        on (it reports each failure: a closed stream, a refused dial)."""
+        failures = self._unreachable.get(peer, 0)
+        return self.until(lambda: self._unreachable.get(peer, 0) > failures)
+
     def transfer_leadership(self, target: str) -> asyncio.Future:
         """Ask the core to hand leadership to `target`; the future is resolved once this member
         knows `target` leads (raises NotLeader / InvalidMembership at once)."""
@@ -305,6 +340,7 @@ class Runtime:
 
     def peer_unreachable(self, peer: str) -> None:
         self.core.report_unreachable(peer)
+        self._unreachable[peer] = self._unreachable.get(peer, 0) + 1
 
     def snapshot_reported(self, peer: str, ok: bool) -> None:
         self.core.report_snapshot(peer, ok)

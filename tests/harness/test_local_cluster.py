@@ -7,6 +7,7 @@ same helpers; here each story is short. All skip, with the reason, where the nod
 
 from __future__ import annotations
 
+import signal
 import time
 
 from tests.harness.kvclient import Workload, read_finals
@@ -54,10 +55,34 @@ def test_sigterm_is_a_clean_shutdown_and_restart_resumes(local_cluster):
     assert cluster.nodes[leader].terminate(15) == 0  # hands leadership over first
     new_leader = cluster.wait_leader(20, among=others(cluster, leader))
     assert new_leader != leader
+    assert f"leadership handed over to {new_leader}" in cluster.nodes[leader].log_tail(20)
     cluster.nodes[leader].restart()
     assert cluster.wait_leader(20) == new_leader
     with cluster.client(leader) as c:
         assert c.get("k", consistency="serializable").body == b"v"
+
+
+def test_every_member_sigtermed_at_once_exits_cleanly_without_waiting_out_the_hand_over(
+        local_cluster):
+    """As `flotilla down` or a StatefulSet scaled to 0 stops them: the leader's hand-over
+    target is stopping too. The leader gives a target up as soon as it stops answering, and
+    then stops, instead of waiting out the 5 s the hand-over may take."""
+    cluster = local_cluster(3, **FAST)
+    leader = cluster.wait_leader(20)
+    with cluster.client(leader) as c:
+        assert c.put("k", b"v").status == 200
+    for node in cluster.nodes.values():
+        node.proc.send_signal(signal.SIGTERM)
+    assert {name: node.wait(15) for name, node in cluster.nodes.items()} == dict.fromkeys(
+        cluster.members, 0)
+    said = [line for line in cluster.nodes[leader].log_tail(30).splitlines()
+            if "leadership" in line or "stepped down" in line]
+    assert len(said) == 1, said
+    assert "stopped answering" in said[0] or "handed over to" in said[0], said
+    cluster.start()
+    cluster.wait_leader(20)
+    with cluster.client(leader) as c:
+        assert c.get("k").body == b"v"
 
 
 def test_killed_leader_is_replaced_and_catches_up_after_restart(local_cluster):
