@@ -11,6 +11,7 @@ import hmac
 import json
 import logging
 import time
+import weakref
 from typing import Any
 from urllib.parse import unquote_to_bytes, urlsplit
 
@@ -359,6 +360,7 @@ def peer_app(node: Node) -> web.Application:
             return sender
         ws = web.WebSocketResponse(max_msg_size=limit, compress=False)
         await ws.prepare(request)
+        streams.add(ws)
         name = node.name
         async for msg in ws:
             if msg.type is not aiohttp.WSMsgType.BINARY:
@@ -421,11 +423,19 @@ def peer_app(node: Node) -> web.Application:
             return error(400, "bad_snapshot", str(exc))
         return web.Response(status=204)
 
+    async def close_streams(_: web.Application) -> None:
+        """The member is stopping: its peers' streams end now (going away), so the port
+        closes at once instead of waiting for each peer to notice."""
+        for ws in list(streams):
+            await ws.close(code=aiohttp.WSCloseCode.GOING_AWAY, message=b"member stopping")
+
+    streams: weakref.WeakSet[web.WebSocketResponse] = weakref.WeakSet()
     _quiet_bad_requests()
     app = web.Application(client_max_size=limit, middlewares=[_peer_errors])
     app.router.add_post(MESSAGES_PATH, messages)
     app.router.add_post(SNAPSHOT_PATH, snapshot)
     app.router.add_get(STREAM_PATH, stream)
+    app.on_shutdown.append(close_streams)
     return app
 
 
