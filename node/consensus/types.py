@@ -321,6 +321,10 @@ class RecoveredState:
     bootstrapping a new cluster starts from an empty log and a zero snapshot whose membership is
     the initial configuration, while a member joining an existing cluster starts with an empty
     membership and learns it from the leader.
+
+    `commit` is the commit index the member recorded (0 when none): entries up to it are known
+    committed, so the member applies them at start without waiting to hear from a leader (etcd
+    restores its HardState's commit likewise). Storage never records it beyond its durable log.
     """
 
     hard_state: HardState = field(default_factory=HardState)
@@ -328,3 +332,4 @@ class RecoveredState:
         default_factory=lambda: SnapshotMeta(index=0, term=0, membership=EMPTY_MEMBERSHIP)
     )
     entries: list[Entry] = field(default_factory=list)
+    commit: int = 0

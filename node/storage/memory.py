@@ -36,6 +36,8 @@ class MemoryStorage(EntryLogReads):
         self._snapshot = SnapshotMeta(index=0, term=0, membership=EMPTY_MEMBERSHIP)
         self._hard_state = HardState()
         self._durable_last = 0
+        self._commit_noted = 0  # what `note_commit` was told
+        self._commit = 0  # the commit index recorded (never beyond `_durable_last`)
         self._closed = False
 
     # --- the crash model -------------------------------------------------------------------
@@ -49,6 +51,7 @@ class MemoryStorage(EntryLogReads):
         copy._snapshot = self._snapshot
         copy._hard_state = self._hard_state
         copy._durable_last = copy._log.last_index()
+        copy._commit = copy._commit_noted = self._commit
         return copy
 
     # --- LogStorage ------------------------------------------------------------------------
@@ -58,6 +61,7 @@ class MemoryStorage(EntryLogReads):
             hard_state=self._hard_state,
             snapshot=self._snapshot,
             entries=self._log.after(self._snapshot.index),
+            commit=self._commit,
         )
 
     def append(self, entries: Sequence[Entry]) -> None:
@@ -78,6 +82,19 @@ class MemoryStorage(EntryLogReads):
     def save_hard_state(self, hs: HardState) -> None:
         self._check_open()
         self._hard_state = hs
+        self.save_commit()  # as on disk: the commit index rides with the hard state
+
+    def note_commit(self, index: int) -> None:
+        """Entries up to `index` are committed: remembered, and recorded by `save_commit`, the
+        next hard state or `close`, never beyond what is durable."""
+        self._commit_noted = max(self._commit_noted, index)
+
+    def save_commit(self) -> bool:
+        """Record the noted commit index, as far as the log is durable; whether it moved."""
+        self._check_open()
+        commit = max(self._commit, min(self._commit_noted, self._durable_last))
+        moved, self._commit = commit > self._commit, commit
+        return moved
 
     def install_snapshot(self, meta: SnapshotMeta) -> None:
         self._check_open()
@@ -109,6 +126,8 @@ class MemoryStorage(EntryLogReads):
         self._log.drop_through(limit)
 
     def close(self) -> None:
+        if not self._closed:
+            self.save_commit()
         self._closed = True
 
     # --- helpers ---------------------------------------------------------------------------

@@ -60,6 +60,17 @@ class LogStorage(Protocol):
         """Replace the hard state (term and vote) atomically; durable on return."""
         ...
 
+    def note_commit(self, index: int) -> None:
+        """Entries up to `index` are committed. Only remembered: recorded by `save_commit`,
+        the next `save_hard_state` or `close`, and never beyond what is durable, so that
+        `recover()` can hand it back (`RecoveredState.commit`)."""
+        ...
+
+    def save_commit(self) -> bool:
+        """Record the noted commit index (as far as the log is durable) if it moved since it
+        was last recorded; returns whether it did. Durable on return."""
+        ...
+
     def install_snapshot(self, meta: SnapshotMeta) -> None:
         """The log now starts right after `meta.index`.
 
@@ -102,5 +113,6 @@ class LogStorage(Protocol):
         ...
 
     def close(self) -> None:
-        """Release files. Does not sync: unsynced appends are as safe as after a crash."""
+        """Record the commit index (`save_commit`) and release files. Does not sync: unsynced
+        appends are as safe as after a crash."""
         ...

@@ -177,6 +177,7 @@ class DiskStorage(EntryLogReads):
             hard_state=self._saved.hard_state,
             snapshot=self._start.snapshot,
             entries=self._log.after(self._start.snapshot.index),
+            commit=self._saved.commit,
         )
 
     def append(self, entries: Sequence[Entry]) -> None:

@@ -310,6 +310,35 @@ def test_reopen_returns_exactly_the_synced_state(backend):
     assert_same_state(log, backend.reopen(log))
 
 
+def test_the_commit_index_is_recorded_only_as_far_as_the_log_is_durable(backend):
+    """`note_commit` only remembers; `save_commit` records what is synced of it, and a reopened
+    log hands it back, so the member applies that much again before hearing from a leader."""
+    log = backend.open()
+    log.append(entries(1, 11, term=1))
+    log.note_commit(10)
+    assert not log.save_commit()  # nothing is durable yet: a crash could lose all ten
+    log.sync()
+    assert log.save_commit()
+    assert not log.save_commit()  # unchanged
+    log.append(entries(11, 16, term=1))
+    log.note_commit(15)  # not synced: recorded no further than 10, even at close
+    assert backend.reopen(log).recover().commit == 10
+
+
+def test_a_hard_state_and_a_close_record_the_noted_commit(backend):
+    log = backend.open()
+    log.append(entries(1, 6, term=1))
+    log.sync()
+    log.note_commit(5)
+    log.save_hard_state(HardState(term=2, vote="a"))  # the commit rides with it
+    assert log.recover().commit == 5
+    log.append(entries(6, 9, term=2))
+    log.sync()
+    log.note_commit(8)
+    log.close()
+    assert backend.reopen(log).recover().commit == 8
+
+
 def test_memory_crash_loses_exactly_the_unsynced_entries(tmp_path):
     log = MemoryBackend(tmp_path).open()
     log.append(entries(1, 11, term=1))
