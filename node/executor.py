@@ -81,7 +81,10 @@ class Executor:
             hooks.apply(rd.committed_entries)
         # 4. The entries and the hard state, one fsync for all the entries (group commit). The
         #    hard state is durable on return; appends only after `sync`. Every durable write
-        #    goes through `offload`: the loop never waits on the disk.
+        #    goes through `offload`: the loop never waits on the disk. The commit index is
+        #    only noted: storage records it with a hard state or when asked (`save_commit`),
+        #    never beyond what is durable, and hands it back at the next start.
+        storage.note_commit(self.core.commit_index)
         if rd.entries:
             appending = self.clock()
             storage.append(rd.entries)

@@ -159,6 +159,7 @@ class Runtime:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        self.storage.note_commit(self.core.commit_index)  # closing the log records it
         self._disk.stop()
         self._stop_waiting(Unavailable("the member is shutting down"))
 
@@ -396,7 +397,6 @@ class Runtime:
                             core.step(m)
                     if not core.has_ready():
                         break
-                    self.storage.note_commit(core.commit_index)  # recorded with a later write
                     rd = core.ready()
                     self._batch_entries = len(rd.entries)
                     await carry_out(rd)

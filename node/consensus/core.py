@@ -127,6 +127,8 @@ class RaftCore:
         self.settings = settings
         self.rng = settings.rng
         self.log = RaftLog(recovered.snapshot, recovered.entries)
+        # What this member recorded as committed is committed: applied again from the start.
+        self.log.commit_to(min(recovered.commit, self.log.last_index()))
         self.term = recovered.hard_state.term
         self.vote = recovered.hard_state.vote
         self.role = Role.FOLLOWER

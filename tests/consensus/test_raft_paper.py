@@ -543,6 +543,23 @@ def test_a_follower_sets_commit_index_to_min_of_leader_commit_and_index_of_last_
     assert [e.index for e in rd.committed_entries] == [3]
 
 
+def test_a_member_that_recorded_its_commit_index_applies_that_far_at_start_before_any_leader():
+    """Figure 2 keeps commitIndex volatile, "initialized to 0 ... increases monotonically". A
+    member that records it (etcd's HardState.Commit; here `RecoveredState.commit`, which
+    storage never records beyond its durable log) applies up to it again as soon as it starts,
+    before it hears from a leader: those entries were committed. A recorded index beyond the
+    log is not trusted past the log's end."""
+    state = recovered([1, 1, 2, 2, 2], 2, ABC)
+    state.commit = 4
+    core = RaftCore("a", Settings(rng=random.Random(1)), state)
+    assert (core.commit_index, core.role, core.leader) == (4, Role.FOLLOWER, None)
+    assert [e.index for e in core.ready().committed_entries] == [1, 2, 3, 4]
+
+    state = recovered([1, 1], 1, ABC)
+    state.commit = 9
+    assert RaftCore("a", Settings(rng=random.Random(1)), state).commit_index == 2
+
+
 # === 5.4: safety ===============================================================================
 
 

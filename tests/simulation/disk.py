@@ -32,6 +32,7 @@ class Disk:
             if recovered.entries:
                 self.log.append(recovered.entries)
                 self.log.sync()
+            self.log.note_commit(recovered.commit)
             self.log.save_hard_state(recovered.hard_state)
 
     def recovered(self) -> RecoveredState:
@@ -97,4 +98,11 @@ class Disk:
         self.observer("persist-snapshot", meta)
 
     def note_commit(self, index: int) -> None:
-        """The commit index is not persisted here (the real log records it lazily)."""
+        """Recorded at once, as far as the log is durable: the real log records it lazily (with
+        a hard state, about once a second, at close), so a restarted member here finds the
+        most it ever could, and applies all of it before hearing from a leader."""
+        self.log.note_commit(index)
+        self.log.save_commit()
+
+    def save_commit(self) -> bool:
+        return self.log.save_commit()
