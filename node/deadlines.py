@@ -33,7 +33,7 @@ LINGER = 2.0
 class _DeadlineHandler(RequestHandler):
     """aiohttp's request handler with deadlines on a request's headers and on its body."""
 
-    __slots__ = ("_body", "_body_seen", "_silent", "_timer")
+    __slots__ = ("_answered", "_body", "_body_seen", "_silent", "_timer")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -41,6 +41,7 @@ class _DeadlineHandler(RequestHandler):
         self._silent: asyncio.TimerHandle | None = None  # until the connection's first byte
         self._body: StreamReader | None = None  # the body still arriving, if any
         self._body_seen = 0.0  # loop time of its latest bytes
+        self._answered = 0  # requests answered whole on a connection that stays open
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -70,10 +71,21 @@ class _DeadlineHandler(RequestHandler):
         elif waiting and self._timer is None:
             self._timer = self._loop.call_later(HEADER_TIMEOUT, self._headers_late, before)
 
+    async def finish_response(self, request: Any, resp: Any, start_time: float | None) -> Any:
+        resp, reset = await super().finish_response(request, resp, start_time)
+        if not reset and resp.keep_alive and not (self._close or self._force_close):
+            self._answered += 1  # written whole, and the connection stays open after it
+        return resp, reset
+
     def idle(self) -> bool:
-        """Whether the handler has answered all it was given and waits for a request (the
-        client lane's test before it serves the connection's next request itself)."""
-        return self._waiter is not None and not self._waiter.done() and not self._messages
+        """Whether the handler has written the answer to every request it was given (the
+        client lane's test before it serves the connection's next request itself). Its task
+        may not be back waiting for the next request yet: uvloop hands a connection's bytes
+        over before the task that wrote an answer has resumed the one that waits, and a
+        client that sends its next request as soon as it has the answer often wins that race.
+        On its way back the task neither writes to the connection nor closes it (an answer
+        after which the connection closes is not counted: that connection stays aiohttp's)."""
+        return self._answered == self._request_count and not self._messages
 
     def keep_open(self) -> None:
         """The connection served a request outside this handler (the client lane): aiohttp's
