@@ -21,9 +21,10 @@ check and error, is exactly the full API's, in one of two ways:
 - **lent**: a request that is whole in the buffer with nothing behind it, its framing beyond
   doubt (every line well formed, one Content-Length or none, no Transfer-Encoding, Expect or
   Upgrade, `Connection` keep-alive if given): another route, a query, a follower's write to
-  forward, a write with a wrong header. aiohttp gets exactly its bytes; once it has answered
-  and waits for the next request, the lane takes the connection's next bytes again. So a
-  client that reads and writes on one keep-alive connection keeps the lane for its writes.
+  forward, a write with a wrong header. aiohttp gets exactly its bytes; once it has written
+  its answer (its task need not be back waiting: bytes sent the moment the answer arrived are
+  the lane's), the lane takes the connection's next bytes again. So a client that reads and
+  writes on one keep-alive connection keeps the lane for its writes.
 - **handed over for good**: anything whose extent the lane would have to guess (a bare CR or
   LF, a framing of any other kind, bytes that are no request of this port's), a request sent
   before aiohttp answered the one it has, a half-closed connection with a request incomplete:
