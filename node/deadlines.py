@@ -85,7 +85,7 @@ class _DeadlineHandler(RequestHandler):
         client that sends its next request as soon as it has the answer often wins that race.
         On its way back the task neither writes to the connection nor closes it (an answer
         after which the connection closes is not counted: that connection stays aiohttp's)."""
-        return self._answered == self._request_count and not self._messages
+        return self._answered == self._request_count  # (a request still queued is unanswered)
 
     def keep_open(self) -> None:
         """The connection served a request outside this handler (the client lane): aiohttp's

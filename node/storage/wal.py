@@ -223,7 +223,7 @@ class DiskStorage(EntryLogReads):
                 saved = SavedHardState(hs, self._commit_to_record())
             self._save(saved)
 
-    # --- the commit index (beyond the protocol: MemoryStorage has nothing to lose) -----------
+    # --- the commit index (recorded lazily: never an fsync of its own per write) ---------------
 
     def note_commit(self, index: int) -> None:
         """Entries up to `index` are committed. Only remembered: it reaches the disk with the
