@@ -204,11 +204,10 @@ class Runtime:
                 best = max(voters, key=lambda n: (progress[n].match if n in progress else -1, n))
                 tried.append(best)
                 try:
-                    core.transfer_leadership(best)
+                    led = self.transfer_leadership(best)  # `settled` covers it (and any leader)
                 except ProposalError as exc:
                     log.warning("could not hand leadership to %s: %s", best, exc)
                     return
-                self._wakeup.set()
                 lost = self._unreachable_from_now(best)
                 try:
                     async with asyncio.timeout_at(deadline):
@@ -217,6 +216,7 @@ class Runtime:
                     log.info("leadership not handed over to %s within %g s", best, timeout)
                     return
                 finally:
+                    led.cancel()
                     lost.cancel()
             log.info("leadership handed over to %s", core.leader)
         finally:
