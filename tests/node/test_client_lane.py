@@ -21,23 +21,22 @@ import contextlib
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from aiohttp import web
 from flotilla.node.alarms import NoSpace
 from flotilla.node.client_lane import KV_ROUTE, ClientLane
 from flotilla.node.consensus import NotLeader, TransferInProgress
-from flotilla.node.deadlines import DeadlineSite
 from flotilla.node.http_api import ClientAPI
 from flotilla.node.node import Overloaded
 from flotilla.node.statemachine.kv import KVStateMachine, decode_command
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from tests.node.site_thread import SiteThread
 
 MAX_VALUE = 4096
 
@@ -109,51 +108,14 @@ class StandIn:
         return self.applied
 
 
-class Port:
+class Port(SiteThread):
     """A client port on loopback in a thread of its own, with or without the lane."""
 
     def __init__(self, lane: bool, loop: asyncio.AbstractEventLoop | None = None) -> None:
         self.node = StandIn()
-        self.loop = loop or asyncio.new_event_loop()
-        self.lane = lane
-        started = threading.Event()
-        self.thread = threading.Thread(target=self._run, args=(started,), daemon=True)
-        self.thread.start()
-        assert started.wait(10)
-
-    def _run(self, started: threading.Event) -> None:
-        asyncio.set_event_loop(self.loop)
-
-        async def setup() -> None:
-            app = ClientAPI(self.node).app()  # type: ignore[arg-type]
-            self.runner = web.AppRunner(app, access_log=None, handle_signals=False)
-            await self.runner.setup()
-            lane = ClientLane(self.node) if self.lane else None  # type: ignore[arg-type]
-            site = DeadlineSite(self.runner, "127.0.0.1", 0, lane=lane)
-            await site.start()
-            self.port = site._server.sockets[0].getsockname()[1]
-
-        self.loop.run_until_complete(setup())
-        started.set()
-        self.loop.run_forever()
-
-    def call(self, fn: Any) -> Any:
-        """Run `fn` on the port's loop and return its result."""
-        done = threading.Event()
-        box: list[Any] = []
-
-        def run() -> None:
-            box.append(fn())
-            done.set()
-
-        self.loop.call_soon_threadsafe(run)
-        assert done.wait(10)
-        return box[0]
-
-    def close(self) -> None:
-        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
+        super().__init__(lambda: ClientAPI(self.node).app(),  # type: ignore[arg-type]
+                         lane=ClientLane(self.node) if lane else None,  # type: ignore[arg-type]
+                         loop=loop)
 
 
 @pytest.fixture(scope="module")

@@ -9,16 +9,15 @@ deadline, so only the member's own can close the connection in time.
 
 from __future__ import annotations
 
-import asyncio
 import socket
-import threading
 import time
 from collections.abc import Iterator
 
 import pytest
 from aiohttp import web
 from flotilla.node import deadlines
-from flotilla.node.deadlines import DeadlineSite
+
+from tests.node.site_thread import SiteThread
 
 IDLE_S = 1.0
 AIOHTTP_KEEPALIVE_S = 60.0
@@ -27,42 +26,20 @@ AIOHTTP_KEEPALIVE_S = 60.0
 @pytest.fixture
 def port(monkeypatch) -> Iterator[int]:
     monkeypatch.setattr(deadlines, "IDLE_TIMEOUT", IDLE_S)
-    loop = asyncio.new_event_loop()
-    started = threading.Event()
-    runner: web.AppRunner | None = None
-    bound = 0
 
     async def ping(_: web.Request) -> web.Response:
         return web.Response(text="pong")
 
-    async def setup() -> None:
-        nonlocal runner, bound
+    def app() -> web.Application:
         app = web.Application()
         app.router.add_get("/ping", ping)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False,
-                               keepalive_timeout=AIOHTTP_KEEPALIVE_S)
-        await runner.setup()
-        site = DeadlineSite(runner, "127.0.0.1", 0)
-        await site.start()
-        bound = site._server.sockets[0].getsockname()[1]
+        return app
 
-    def run() -> None:
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(setup())
-        started.set()
-        loop.run_forever()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    assert started.wait(10)
+    served = SiteThread(app, keepalive_timeout=AIOHTTP_KEEPALIVE_S)
     try:
-        yield bound
+        yield served.port
     finally:
-        assert runner is not None
-        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
-        loop.close()
+        served.close()
 
 
 def closed_after(sock: socket.socket, limit: float) -> float | None:
