@@ -94,8 +94,9 @@ def test_a_member_restarted_alone_serves_what_it_had_seen_committed(local_cluste
     with cluster.client(leader) as c:
         for i in range(20):
             assert c.put(f"k{i}", str(i).encode()).status == 200
-    wait_for(lambda: all(cluster.status(m)["applied_index"] >= cluster.status(leader)[
-        "commit_index"] for m in cluster.members), 10, "every member to apply the writes")
+    commit = cluster.status(leader)["commit_index"]
+    wait_for(lambda: all(cluster.status(m)["applied_index"] >= commit for m in cluster.members),
+             10, "every member to apply the writes")
     follower = others(cluster, leader)[0]
     for node in cluster.nodes.values():
         assert node.terminate(15) == 0

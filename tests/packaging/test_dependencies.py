@@ -14,6 +14,7 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 REPO = Path(__file__).resolve().parents[2]
 PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
@@ -45,22 +46,12 @@ def pinned() -> dict[str, str]:
     return found
 
 
-def same_release(a: str, b: str) -> bool:
-    """`3.14` and `3.14.0` name the same release."""
-    def parts(v: str) -> list[int]:
-        numbers = [int(p) for p in v.split(".")]
-        while numbers and numbers[-1] == 0:
-            numbers.pop()
-        return numbers
-    return parts(a) == parts(b)
-
-
 def test_every_lower_bound_is_pinned_in_the_oldest_run_and_nothing_else():
     want, have = floors(), pinned()
     assert sorted(have) == sorted(want), (
         f"{CONSTRAINTS.name} pins {sorted(have)}, pyproject.toml bounds {sorted(want)} from below")
     differ = {name: (want[name], have[name]) for name in want
-              if not same_release(want[name], have[name])}
+              if Version(want[name]) != Version(have[name])}  # 3.14 is 3.14.0
     assert not differ, f"(pyproject's bound, the pin) differ: {differ}"
 
 
